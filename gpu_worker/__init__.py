@@ -1,0 +1,1 @@
+"""trainhub GPU executor: runs one training attempt from a job spec (Django-free)."""

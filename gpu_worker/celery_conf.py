@@ -1,0 +1,57 @@
+"""Celery conventions shared by the control plane and the GPU nodes (no Django here).
+
+Both apps (``trainhub.celery`` and the GPU node's app) build their configuration from
+``base_config`` so queue names, task names and serialisation can never drift apart.
+The control plane sends GPU work by task *name* (``send_task``), so GPU nodes never import
+control-plane code and vice versa.
+"""
+
+from __future__ import annotations
+
+DEFAULT_QUEUE = "default"
+NODE_QUEUE_PREFIX = "gpu.node."
+
+# Task names: the wire contract between processes.
+VALIDATE_FILE = "trainhub.validate_file"
+SUBMIT_ATTEMPT = "trainhub.submit_attempt"
+POLL_ACTIVE_ATTEMPTS = "trainhub.poll_active_attempts"
+POLL_TARGET = "trainhub.poll_target"
+CANCEL_JOB = "trainhub.cancel_job"
+INGEST_ARTIFACT = "trainhub.ingest_artifact"
+EXPIRE_LEASES = "trainhub.expire_leases"
+RECORD_EVENTS = "trainhub.record_events"
+RUN_ATTEMPT = "gpu_worker.run_attempt"  # executed on a node queue
+
+POLL_INTERVAL_SECONDS = 10
+EXPIRE_LEASES_INTERVAL_SECONDS = 30
+
+# The longest job trainhub accepts (mirrors spec.MAX_RUNTIME_LIMIT_SECONDS). Redis redelivers an
+# unacked message after visibility_timeout, so it must exceed any training run; the database
+# lease, not redelivery, is what detects a lost worker.
+LONGEST_JOB_SECONDS = 7 * 24 * 3600
+VISIBILITY_TIMEOUT_SECONDS = LONGEST_JOB_SECONDS + 3600
+
+
+def node_queue(node_name: str) -> str:
+    """The queue a GPU node consumes; one per node so dispatch can pick the machine."""
+    return f"{NODE_QUEUE_PREFIX}{node_name}"
+
+
+def base_config(broker_url: str) -> dict[str, object]:
+    """Celery settings common to every trainhub process."""
+    return {
+        "broker_url": broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS},
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_default_queue": DEFAULT_QUEUE,
+        "task_routes": {"trainhub.*": {"queue": DEFAULT_QUEUE}},
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        "timezone": "UTC",
+        "enable_utc": True,
+    }

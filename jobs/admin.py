@@ -1,0 +1,168 @@
+"""Operator views. Actions go through the same services as the API; secrets never show."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from jobs.errors import ServiceError
+from jobs.models import (
+    ApiKey,
+    Artifact,
+    JobAttempt,
+    JobEvent,
+    Project,
+    ProjectMembership,
+    ProviderCredential,
+    TrainingFile,
+    TrainingJob,
+)
+from jobs.services import jobs as job_services
+
+STATUS_COLORS = {
+    "succeeded": "#1a7f37",
+    "failed": "#cf222e",
+    "cancelled": "#6e7781",
+    "cancelling": "#9a6700",
+    "running": "#0969da",
+    "finalizing": "#0969da",
+    "provisioning": "#8250df",
+}
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class AttemptInline(ReadOnlyInline):
+    model = JobAttempt
+    fields = ("number", "target", "node_name", "provider_instance_id", "lease_expires_at",
+              "started_at", "ended_at", "end_reason", "billed_rate_per_hour", "cost")
+
+
+class EventInline(ReadOnlyInline):
+    model = JobEvent
+    fields = ("number", "attempt", "type", "level", "message", "created_at")
+    ordering = ("-number",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).order_by("-number")
+
+
+def _run_service(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, action,
+                 verb: str) -> None:
+    done = 0
+    for job in queryset:
+        try:
+            action(job=job)
+            done += 1
+        except ServiceError as exc:
+            modeladmin.message_user(request, f"{job.public_id}: {exc.message}", messages.WARNING)
+    if done:
+        modeladmin.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+
+
+@admin.action(description="Cancel selected jobs")
+def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _run_service(modeladmin, request, queryset, job_services.job_cancel, "Cancelled")
+
+
+@admin.action(description="Retry selected jobs")
+def retry_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _run_service(modeladmin, request, queryset, job_services.job_retry, "Requeued")
+
+
+@admin.register(TrainingJob)
+class TrainingJobAdmin(admin.ModelAdmin):
+    list_display = ("public_id", "colored_status", "model", "target", "project", "created_at", "finished_at")
+    list_filter = ("status", "target", "project")
+    search_fields = ("public_id", "model", "suffix", "project__slug")
+    list_select_related = ("project",)
+    inlines = [AttemptInline, EventInline]
+    actions = [cancel_jobs, retry_jobs]
+    readonly_fields = [f.name for f in TrainingJob._meta.fields]
+
+    @admin.display(description="status", ordering="status")
+    def colored_status(self, obj: TrainingJob) -> str:
+        return format_html('<b style="color:{}">{}</b>', STATUS_COLORS.get(obj.status, "#24292f"),
+                           obj.status)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are created through the API, which validates them
+
+
+@admin.register(TrainingFile)
+class TrainingFileAdmin(admin.ModelAdmin):
+    list_display = ("public_id", "filename", "status", "format", "example_count", "bytes", "project")
+    list_filter = ("status", "format")
+    search_fields = ("public_id", "filename", "sha256")
+    readonly_fields = [f.name for f in TrainingFile._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = ("public_id", "job", "kind", "size", "verified", "created_at")
+    list_filter = ("kind", "verified")
+    readonly_fields = [f.name for f in Artifact._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+class MembershipInline(admin.TabularInline):
+    model = ProjectMembership
+    extra = 0
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "max_concurrent_jobs", "created_at")
+    search_fields = ("slug", "name")
+    inlines = [MembershipInline]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created with `manage.py create_api_key`; only the prefix is ever shown."""
+
+    list_display = ("name", "prefix", "user", "project", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("project",)
+    fields = ("name", "prefix", "user", "project", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "user", "project", "created_at", "last_used_at")
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet) -> None:
+        from jobs.services.projects import api_key_revoke
+
+        for key in queryset:
+            api_key_revoke(key=key)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(ProviderCredential)
+class ProviderCredentialAdmin(admin.ModelAdmin):
+    """Secrets are write-only: set through the API; the admin shows field names only."""
+
+    list_display = ("provider", "name", "project", "secret_fields", "updated_at")
+    list_filter = ("provider",)
+    fields = ("project", "provider", "name", "secret_fields", "created_at", "updated_at")
+    readonly_fields = ("project", "provider", "secret_fields", "created_at", "updated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

@@ -1,0 +1,107 @@
+"""Model → JSON in the OpenAI-compatible shapes (Unix-second timestamps, typed ids)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from jobs.models import Artifact, JobEvent, ProviderCredential, TrainingFile, TrainingJob
+
+
+def ts(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value else None
+
+
+def event_id(job_public_id: str, number: int) -> str:
+    return f"ftevent-{job_public_id.removeprefix('ftjob-')}-{number}"
+
+
+def file_json(f: TrainingFile) -> dict[str, Any]:
+    return {
+        "id": f.public_id,
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": ts(f.created_at),
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": f.status,
+        "sha256": f.sha256,
+        "format": f.format or None,
+        "example_count": f.example_count,
+        "token_estimate": f.token_estimate,
+        "error_count": f.error_count,
+        "errors": f.errors,
+    }
+
+
+def job_json(j: TrainingJob) -> dict[str, Any]:
+    return {
+        "id": j.public_id,
+        "object": "fine_tuning.job",
+        "model": j.model,
+        "created_at": ts(j.created_at),
+        "started_at": ts(j.started_at),
+        "finished_at": ts(j.finished_at),
+        "fine_tuned_model": None,
+        "organization_id": j.project.slug,
+        "status": j.status,
+        "training_file": j.training_file.public_id,
+        "validation_file": j.validation_file.public_id if j.validation_file_id else None,
+        "method": {"type": "supervised"},
+        "adapter": j.adapter,
+        "hyperparameters": j.hyperparameters,
+        "seed": j.seed,
+        "suffix": j.suffix or None,
+        "target": j.target,
+        "max_runtime_seconds": j.max_runtime_seconds,
+        "max_attempts": j.max_attempts,
+        "trained_tokens": j.trained_tokens,
+        "metrics": j.latest_metrics or None,
+        "error": {"code": j.error_code, "message": j.error_message, "param": None}
+        if j.error_code
+        else None,
+    }
+
+
+def event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
+    return {
+        "id": event_id(job_public_id, e.number),
+        "object": "fine_tuning.job.event",
+        "created_at": ts(e.created_at),
+        "level": e.level,
+        "type": e.type,
+        "message": e.message,
+        "data": e.data,
+        "attempt": e.attempt,
+    }
+
+
+def artifact_json(a: Artifact) -> dict[str, Any]:
+    return {
+        "id": a.public_id,
+        "object": "fine_tuning.job.artifact",
+        "job_id": a.job.public_id,
+        "kind": a.kind,
+        "filename": a.filename,
+        "bytes": a.size,
+        "sha256": a.sha256,
+        "verified": a.verified,
+        "created_at": ts(a.created_at),
+    }
+
+
+def credential_json(c: ProviderCredential) -> dict[str, Any]:
+    # Secret values are write-only: only the names of the stored fields are shown.
+    return {
+        "id": c.pk,
+        "object": "provider_credential",
+        "provider": c.provider,
+        "name": c.name,
+        "secret_fields": c.secret_fields,
+        "created_at": ts(c.created_at),
+        "updated_at": ts(c.updated_at),
+    }
+
+
+def page_json(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": data, "has_more": has_more}

@@ -1,0 +1,197 @@
+"""Thin views: parse the request, call one selector or service, present the result."""
+
+from __future__ import annotations
+
+from django.http import FileResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import selectors, storage
+from jobs.api import presenters as p
+from jobs.api.auth import request_project
+from jobs.errors import InvalidRequest
+from jobs.services import files as file_services
+from jobs.services import jobs as job_services
+from jobs.services import projects as project_services
+
+LIST_PARAMS = [
+    OpenApiParameter("limit", int, description="1–100, default 20"),
+    OpenApiParameter("after", str, description="id of the last object of the previous page"),
+]
+
+
+def _body(request: Request) -> dict:
+    if not isinstance(request.data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
+    return dict(request.data)
+
+
+class FileListView(APIView):
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(operation_id="files_list", parameters=LIST_PARAMS, responses=dict)
+    def get(self, request: Request) -> Response:
+        rows, more = selectors.file_list(
+            project=request_project(request),
+            after=request.query_params.get("after"),
+            limit=selectors.parse_limit(request.query_params.get("limit")),
+        )
+        return Response(p.page_json([p.file_json(f) for f in rows], more))
+
+    @extend_schema(request={"multipart/form-data": dict}, responses=dict)
+    def post(self, request: Request) -> Response:
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise InvalidRequest("Send the dataset as multipart field 'file'.", code="missing_file",
+                                 param="file")
+        record = file_services.file_create(
+            project=request_project(request),
+            user=request.user,
+            filename=upload.name or "upload.jsonl",
+            chunks=upload.chunks(storage.CHUNK_BYTES),
+            purpose=request.data.get("purpose", "fine-tune"),
+        )
+        return Response(p.file_json(record), status=status.HTTP_201_CREATED)
+
+
+class FileDetailView(APIView):
+    @extend_schema(responses=dict)
+    def get(self, request: Request, file_id: str) -> Response:
+        return Response(p.file_json(selectors.file_get(project=request_project(request), file_id=file_id)))
+
+    @extend_schema(responses=dict)
+    def delete(self, request: Request, file_id: str) -> Response:
+        record = selectors.file_get(project=request_project(request), file_id=file_id)
+        file_services.file_delete(record=record)
+        return Response({"id": file_id, "object": "file", "deleted": True})
+
+
+class JobListView(APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        operation_id="jobs_list",
+        parameters=[*LIST_PARAMS, OpenApiParameter("status", str), OpenApiParameter("target", str)],
+        responses=dict,
+    )
+    def get(self, request: Request) -> Response:
+        q = request.query_params
+        rows, more = selectors.job_list(
+            project=request_project(request),
+            status=q.get("status"),
+            target=q.get("target"),
+            after=q.get("after"),
+            limit=selectors.parse_limit(q.get("limit")),
+        )
+        return Response(p.page_json([p.job_json(j) for j in rows], more))
+
+    @extend_schema(
+        request=dict,
+        responses=dict,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+    )
+    def post(self, request: Request) -> Response:
+        job, created = job_services.job_create(
+            project=request_project(request),
+            user=request.user,
+            data=_body(request),
+            idempotency_key=request.headers.get("Idempotency-Key"),
+        )
+        job = selectors.job_get(project=job.project, job_id=job.public_id)
+        return Response(p.job_json(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class JobDetailView(APIView):
+    @extend_schema(responses=dict)
+    def get(self, request: Request, job_id: str) -> Response:
+        return Response(p.job_json(selectors.job_get(project=request_project(request), job_id=job_id)))
+
+    @extend_schema(responses=dict)
+    def delete(self, request: Request, job_id: str) -> Response:
+        job_services.job_delete(job=selectors.job_get(project=request_project(request), job_id=job_id))
+        return Response({"id": job_id, "object": "fine_tuning.job", "deleted": True})
+
+
+class JobCancelView(APIView):
+    @extend_schema(request=None, responses=dict)
+    def post(self, request: Request, job_id: str) -> Response:
+        job = selectors.job_get(project=request_project(request), job_id=job_id)
+        job_services.job_cancel(job=job)
+        return Response(p.job_json(selectors.job_get(project=job.project, job_id=job_id)))
+
+
+class JobRetryView(APIView):
+    @extend_schema(request=None, responses=dict)
+    def post(self, request: Request, job_id: str) -> Response:
+        job = selectors.job_get(project=request_project(request), job_id=job_id)
+        job_services.job_retry(job=job)
+        return Response(p.job_json(selectors.job_get(project=job.project, job_id=job_id)))
+
+
+class JobEventListView(APIView):
+    @extend_schema(parameters=LIST_PARAMS, responses=dict)
+    def get(self, request: Request, job_id: str) -> Response:
+        project = request_project(request)
+        job = selectors.job_get(project=project, job_id=job_id)
+        rows, more = selectors.event_list(
+            job=job,
+            after=request.query_params.get("after"),
+            limit=selectors.parse_limit(request.query_params.get("limit")),
+        )
+        return Response(p.page_json([p.event_json(e, job.public_id) for e in rows], more))
+
+
+class JobArtifactListView(APIView):
+    @extend_schema(responses=dict)
+    def get(self, request: Request, job_id: str) -> Response:
+        job = selectors.job_get(project=request_project(request), job_id=job_id)
+        return Response(p.page_json([p.artifact_json(a) for a in selectors.artifact_list(job=job)], False))
+
+
+class ArtifactDownloadView(APIView):
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    def get(self, request: Request, artifact_id: str) -> FileResponse:
+        artifact = selectors.artifact_get(project=request_project(request), artifact_id=artifact_id)
+        response = FileResponse(
+            storage.local_path(artifact.storage_key).open("rb"),
+            as_attachment=True,
+            filename=artifact.filename,
+        )
+        # An ETag is not a SHA-256 (S3's is MD5 or composite), so the digest has its own header.
+        response["X-Checksum-SHA256"] = artifact.sha256
+        return response
+
+
+class CredentialListView(APIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(responses=dict)
+    def get(self, request: Request) -> Response:
+        rows = selectors.credential_list(project=request_project(request))
+        return Response(p.page_json([p.credential_json(c) for c in rows], False))
+
+    @extend_schema(request=dict, responses=dict)
+    def post(self, request: Request) -> Response:
+        body = _body(request)
+        name = body.get("name") or "default"
+        if not isinstance(name, str) or len(name) > 100:
+            raise InvalidRequest("name must be a string of at most 100 characters.", code="invalid_value",
+                                 param="name")
+        credential = project_services.credential_create(
+            project=request_project(request),
+            provider=str(body.get("provider", "")),
+            name=name,
+            secrets=body.get("secrets"),  # type: ignore[arg-type]
+        )
+        return Response(p.credential_json(credential), status=status.HTTP_201_CREATED)
+
+
+class CredentialDetailView(APIView):
+    @extend_schema(responses=dict)
+    def delete(self, request: Request, credential_id: str) -> Response:
+        selectors.credential_get(project=request_project(request), credential_id=credential_id).delete()
+        return Response({"id": credential_id, "object": "provider_credential", "deleted": True})

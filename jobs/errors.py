@@ -1,0 +1,41 @@
+"""Service-layer errors. The API turns each into an OpenAI-shaped error with its HTTP status."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    http_status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+class InvalidRequest(ServiceError):
+    pass
+
+
+class NotFound(ServiceError):
+    http_status = 404
+
+
+class Conflict(ServiceError):
+    http_status = 409
+
+
+class LimitExceeded(ServiceError):
+    http_status = 429
+    error_type = "rate_limit_error"
+
+
+class InvalidTransition(Conflict):
+    def __init__(self, current: str, target: str) -> None:
+        super().__init__(
+            f"A job in status '{current}' cannot move to '{target}'.",
+            code="invalid_status_transition",
+        )
+        self.current = current
+        self.target = target

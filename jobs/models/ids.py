@@ -1,0 +1,22 @@
+"""Public object ids (``ftjob-…``, ``file-…``): random, URL-safe, never the database key."""
+
+import secrets
+import string
+
+_ALPHABET = string.ascii_letters + string.digits
+
+
+def public_id(prefix: str, length: int = 24) -> str:
+    return f"{prefix}-" + "".join(secrets.choice(_ALPHABET) for _ in range(length))
+
+
+def new_job_id() -> str:
+    return public_id("ftjob")
+
+
+def new_file_id() -> str:
+    return public_id("file")
+
+
+def new_artifact_id() -> str:
+    return public_id("artifact")

@@ -1,0 +1,169 @@
+from django.conf import settings
+from django.db import models
+
+from jobs.models.ids import new_artifact_id, new_job_id
+from jobs.states import EndReason, JobStatus
+
+
+class TrainingJob(models.Model):
+    """A fine-tuning request. Its status is written only by ``services.jobs.job_transition``."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_job_id, editable=False)
+    project = models.ForeignKey("jobs.Project", on_delete=models.CASCADE, related_name="jobs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    model = models.CharField(max_length=300)
+    training_file = models.ForeignKey(
+        "jobs.TrainingFile", on_delete=models.PROTECT, related_name="training_jobs"
+    )
+    validation_file = models.ForeignKey(
+        "jobs.TrainingFile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="validation_jobs",
+    )
+    adapter = models.JSONField(help_text="spec.AdapterSpec as a dict, defaults filled in.")
+    hyperparameters = models.JSONField(help_text="spec.Hyperparameters, defaults filled in.")
+    seed = models.PositiveIntegerField(default=42)
+    suffix = models.CharField(max_length=64, blank=True)
+    target = models.CharField(max_length=32)
+    max_runtime_seconds = models.PositiveIntegerField()
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    # Attempts numbered above this count against max_attempts; a manual retry moves it up.
+    attempt_budget_start = models.PositiveSmallIntegerField(default=0)
+    status = models.CharField(
+        max_length=20, choices=[(s.value, s.value) for s in JobStatus], default=JobStatus.VALIDATING_FILES
+    )
+    error_code = models.CharField(max_length=32, blank=True)
+    error_message = models.TextField(blank=True)
+    trained_tokens = models.BigIntegerField(null=True, blank=True)
+    latest_metrics = models.JSONField(default=dict, blank=True)
+    event_counter = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["project", "-id"], name="job_project_recent"),
+            models.Index(fields=["project", "status", "-id"], name="job_project_status"),
+            models.Index(fields=["project", "target", "-id"], name="job_project_target"),
+            models.Index(fields=["status", "id"], name="job_status_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return self.public_id
+
+    @property
+    def is_terminal(self) -> bool:
+        from jobs.states import TERMINAL
+
+        return self.status in TERMINAL
+
+
+class JobAttempt(models.Model):
+    """One try at running a job on one machine. The lease says it is still alive."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    target = models.CharField(max_length=32)
+    provider_instance_id = models.CharField(max_length=200, blank=True)
+    provider_job_id = models.CharField(max_length=200, blank=True)
+    node_name = models.CharField(max_length=200, blank=True)
+    ssh_host = models.CharField(max_length=255, blank=True)
+    ssh_port = models.PositiveIntegerField(null=True, blank=True)
+    ssh_host_key = models.TextField(blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(
+        max_length=32, blank=True, choices=[(r.value, r.value) for r in EndReason]
+    )
+    billed_rate_per_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number"),
+            # At most one live attempt per job: the guard against double-launching GPUs.
+            models.UniqueConstraint(
+                fields=["job"], condition=models.Q(ended_at__isnull=True), name="one_live_attempt"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=models.Q(ended_at__isnull=True),
+                name="attempt_live_lease",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job.public_id}#a{self.number}"
+
+
+class JobEvent(models.Model):
+    """Append-only. ``(job, attempt, seq)`` makes re-sent executor events harmless;
+    ``number`` is the public, gap-free per-job order. Control-plane events use attempt 0."""
+
+    class Level(models.TextChoices):
+        DEBUG = "debug"
+        INFO = "info"
+        WARNING = "warning"
+        ERROR = "error"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    attempt = models.PositiveSmallIntegerField(default=0)
+    seq = models.PositiveIntegerField()
+    number = models.PositiveIntegerField()
+    type = models.CharField(max_length=20)
+    level = models.CharField(max_length=10, choices=Level.choices, default=Level.INFO)
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "seq"], name="uniq_event_seq"),
+            models.UniqueConstraint(fields=["job", "number"], name="uniq_event_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{self.number} {self.type}"
+
+
+class Artifact(models.Model):
+    class Kind(models.TextChoices):
+        ADAPTER = "adapter"
+        CHECKPOINT = "checkpoint"
+        LOGS = "logs"
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_artifact_id, editable=False)
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="artifacts")
+    attempt = models.ForeignKey(JobAttempt, null=True, on_delete=models.SET_NULL, related_name="artifacts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    storage_key = models.CharField(max_length=500)
+    filename = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    reported_sha256 = models.CharField(max_length=64, blank=True)
+    verified = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class IdempotencyKey(models.Model):
+    """A client's ``Idempotency-Key``: a retried create returns the first job."""
+
+    project = models.ForeignKey("jobs.Project", on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    request_sha256 = models.CharField(max_length=64)
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "key"], name="uniq_idempotency_key")]

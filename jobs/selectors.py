@@ -1,0 +1,119 @@
+"""Reads, scoped to a project. Keyset pagination: ``after`` is an id, never an offset, so deep
+pages cost the same as the first."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from jobs.errors import InvalidRequest, NotFound
+from jobs.models import Artifact, JobEvent, Project, ProviderCredential, TrainingFile, TrainingJob
+from jobs.states import JobStatus
+
+MAX_LIMIT = 100
+
+
+def parse_limit(raw: str | None, default: int = 20) -> int:
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}.", code="invalid_value",
+                             param="limit")
+    return value
+
+
+def _page(qs: QuerySet, limit: int) -> tuple[list, bool]:
+    rows = list(qs[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def job_get(*, project: Project, job_id: str) -> TrainingJob:
+    job = (
+        TrainingJob.objects.select_related("project", "training_file", "validation_file")
+        .filter(project=project, public_id=job_id)
+        .first()
+    )
+    if job is None:
+        raise NotFound(f"No fine-tuning job '{job_id}'.", code="job_not_found")
+    return job
+
+
+def job_list(
+    *, project: Project, status: str | None, target: str | None, after: str | None, limit: int
+) -> tuple[list[TrainingJob], bool]:
+    qs = TrainingJob.objects.select_related("project", "training_file", "validation_file").filter(
+        project=project
+    )
+    if status:
+        if status not in JobStatus.__members__.values():
+            raise InvalidRequest(
+                f"status must be one of: {', '.join(JobStatus)}.", code="invalid_value", param="status"
+            )
+        qs = qs.filter(status=status)
+    if target:
+        qs = qs.filter(target=target)
+    if after:
+        pk = TrainingJob.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+        if pk is None:
+            raise InvalidRequest(f"after: no job '{after}'.", code="invalid_value", param="after")
+        qs = qs.filter(pk__lt=pk)
+    return _page(qs.order_by("-pk"), limit)
+
+
+def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
+    """Events oldest first, so a client tails with ``after=<last id>``."""
+    qs = JobEvent.objects.filter(job=job)
+    if after:
+        prefix = f"ftevent-{job.public_id.removeprefix('ftjob-')}-"
+        number = after.removeprefix(prefix)
+        if not after.startswith(prefix) or not number.isdigit():
+            raise InvalidRequest(f"after: '{after}' is not an event of this job.", code="invalid_value",
+                                 param="after")
+        qs = qs.filter(number__gt=int(number))
+    return _page(qs.order_by("number"), limit)
+
+
+def file_get(*, project: Project, file_id: str) -> TrainingFile:
+    found = TrainingFile.objects.filter(project=project, public_id=file_id).first()
+    if found is None:
+        raise NotFound(f"No file '{file_id}'.", code="file_not_found")
+    return found
+
+
+def file_list(*, project: Project, after: str | None, limit: int) -> tuple[list[TrainingFile], bool]:
+    qs = TrainingFile.objects.filter(project=project)
+    if after:
+        pk = TrainingFile.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+        if pk is None:
+            raise InvalidRequest(f"after: no file '{after}'.", code="invalid_value", param="after")
+        qs = qs.filter(pk__lt=pk)
+    return _page(qs.order_by("-pk"), limit)
+
+
+def artifact_list(*, job: TrainingJob) -> list[Artifact]:
+    return list(job.artifacts.select_related("job").filter(verified=True).order_by("pk"))
+
+
+def artifact_get(*, project: Project, artifact_id: str) -> Artifact:
+    found = (
+        Artifact.objects.select_related("job")
+        .filter(job__project=project, public_id=artifact_id, verified=True)
+        .first()
+    )
+    if found is None:
+        raise NotFound(f"No artifact '{artifact_id}'.", code="artifact_not_found")
+    return found
+
+
+def credential_list(*, project: Project) -> list[ProviderCredential]:
+    return list(project.credentials.order_by("provider", "name"))
+
+
+def credential_get(*, project: Project, credential_id: str) -> ProviderCredential:
+    found = project.credentials.filter(pk=int(credential_id)).first() if credential_id.isdigit() else None
+    if found is None:
+        raise NotFound(f"No credential '{credential_id}'.", code="credential_not_found")
+    return found

@@ -1,0 +1,1 @@
+"""All writes. One module per sub-domain; views, tasks and admin call these."""

@@ -1,0 +1,259 @@
+"""Attempts: start, leases, executor reports, provider launch/poll/stop, and their end.
+
+An attempt ends exactly once (conditional UPDATE on ``ended_at IS NULL``); how it ended
+decides where the job goes: back to the queue while attempts remain, failed, or cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gpu_worker import celery_conf
+from jobs.models import JobAttempt, TrainingJob
+from jobs.services.events import clean_executor_event, event_append, events_store
+from jobs.services.jobs import job_transition
+from jobs.states import EndReason, JobStatus
+from providers import registry
+from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus
+
+log = logging.getLogger(__name__)
+S = JobStatus
+
+
+def _lease_deadline() -> Any:
+    return timezone.now() + timedelta(seconds=settings.TRAINHUB_LEASE_TTL_SECONDS)
+
+
+def attempt_live(*, job: TrainingJob) -> JobAttempt | None:
+    return job.attempts.filter(ended_at__isnull=True).first()
+
+
+def attempt_start(*, job: TrainingJob, target: str, node_name: str = "") -> JobAttempt:
+    """Create the next attempt and move the job queued → provisioning, in one transaction."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        number = (job.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+        job_transition(job=job, to=S.PROVISIONING, message=f"Attempt {number} starting on {target}.",
+                       data={"attempt": number, "target": target})
+        return JobAttempt.objects.create(
+            job=job, number=number, target=target, node_name=node_name, lease_expires_at=_lease_deadline()
+        )
+
+
+def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") -> bool:
+    """End a live attempt and move its job accordingly; False if it had already ended."""
+    with transaction.atomic():
+        ended = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+            ended_at=timezone.now(), end_reason=reason
+        )
+        if not ended:
+            return False
+        job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
+        detail = message or reason.value.replace("_", " ")
+        event_append(
+            job=job,
+            type="status",
+            level="info" if reason == EndReason.SUCCEEDED else "warning",
+            message=f"Attempt {attempt.number} ended: {detail}.",
+            data={"attempt": attempt.number, "end_reason": str(reason)},
+        )
+        if reason == EndReason.SUCCEEDED:
+            return True  # the job moves on through finalizing → succeeded at ingest
+        if job.status == S.CANCELLING:
+            job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
+        elif job.status in (S.PROVISIONING, S.RUNNING, S.FINALIZING):
+            used = attempt.number - job.attempt_budget_start
+            if reason.retryable and used < job.max_attempts and job.status != S.FINALIZING:
+                job_transition(
+                    job=job,
+                    to=S.QUEUED,
+                    message=f"Requeued after attempt {attempt.number} ({detail}); "
+                    f"{job.max_attempts - used} attempt(s) left.",
+                )
+            else:
+                suffix = f" after {used} attempt(s)" if reason.retryable else ""
+                job_transition(job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}")
+    if attempt.provider_instance_id:
+        transaction.on_commit(lambda: _send_stop(attempt.job_id))
+    return True
+
+
+def attempt_request_stop(*, attempt: JobAttempt) -> None:
+    """Ask whatever runs the attempt to stop (after commit). The job stays cancelling until
+    the stop is confirmed or the lease expires."""
+    transaction.on_commit(lambda: _send_stop(attempt.job_id))
+
+
+def _send_stop(job_pk: int) -> None:
+    from trainhub.celery import app
+
+    app.send_task(celery_conf.CANCEL_JOB, args=[job_pk])
+
+
+def attempts_stop(*, job_pk: int) -> None:
+    """Stop the job's cloud machines (idempotent). Local attempts stop through the node."""
+    for attempt in JobAttempt.objects.filter(job_id=job_pk).exclude(provider_instance_id=""):
+        if attempt.ended_at is not None and attempt.end_reason == EndReason.SUCCEEDED:
+            continue
+        adapter = _adapter(attempt.target)
+        if adapter is None:
+            continue
+        adapter.cancel(Handle(instance_id=attempt.provider_instance_id, name=_machine_name(attempt)))
+        if attempt.ended_at is None:
+            attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message="stopped at the provider")
+
+
+def attempt_renew_lease(*, attempt: JobAttempt) -> None:
+    JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+        lease_expires_at=_lease_deadline()
+    )
+
+
+def attempts_expire_leases() -> int:
+    """End every live attempt whose lease ran out (node died, poll lost it); returns count."""
+    expired = JobAttempt.objects.filter(ended_at__isnull=True, lease_expires_at__lt=timezone.now())
+    count = 0
+    for attempt in expired.iterator():
+        count += attempt_end(
+            attempt=attempt,
+            reason=EndReason.LEASE_EXPIRED,
+            message=f"no heartbeat for {settings.TRAINHUB_LEASE_TTL_SECONDS} s; worker lost",
+        )
+    return count
+
+
+# --- executor reports -------------------------------------------------------------------------
+
+# Executor status reports → what they mean for the attempt.
+_REPORTED_END = {"cancelled": EndReason.CANCELLED}
+
+
+def attempt_record_events(*, job_id: str, attempt_number: int, events: Iterable[object]) -> int:
+    """Store an executor's event batch and apply its status reports; returns events stored.
+
+    Events of an attempt that is not the job's live one are dropped: a late or duplicate
+    message from an outdated attempt must never move the job.
+    """
+    attempt = (
+        JobAttempt.objects.select_related("job")
+        .filter(job__public_id=job_id, number=attempt_number, ended_at__isnull=True)
+        .first()
+    )
+    if attempt is None:
+        log.info("dropping events for %s attempt %s: not the live attempt", job_id, attempt_number)
+        return 0
+    cleaned = [e for e in (clean_executor_event(raw) for raw in events) if e is not None]
+    stored = events_store(job=attempt.job, attempt=attempt_number, events=cleaned)
+    attempt_renew_lease(attempt=attempt)
+    for event in stored:
+        if event.type == "status":
+            _apply_reported_status(attempt, event.data.get("status"), event.data, event.message)
+        elif event.type == "error":
+            _apply_reported_status(attempt, "failed", event.data, event.message)
+    return len(stored)
+
+
+def _apply_reported_status(attempt: JobAttempt, status: object, data: dict, message: str) -> None:
+    job = TrainingJob.objects.get(pk=attempt.job_id)
+    if status == "running" and job.status == S.PROVISIONING:
+        JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
+        job_transition(job=job, to=S.RUNNING, message="Training started.")
+    elif status == "succeeded" and job.status == S.RUNNING:
+        job_transition(job=job, to=S.FINALIZING, message="Training finished; verifying the adapter.")
+    elif status == "failed":
+        try:
+            reason = EndReason(data.get("code", "internal_error"))
+        except ValueError:
+            reason = EndReason.INTERNAL_ERROR
+        attempt_end(attempt=attempt, reason=reason, message=message)
+    elif status in _REPORTED_END:
+        attempt_end(attempt=attempt, reason=_REPORTED_END[status], message=message)
+
+
+# --- cloud providers --------------------------------------------------------------------------
+
+
+def _adapter(target: str) -> Any:
+    entry = registry.get(target)
+    if entry is None or entry.adapter_factory is None:
+        return None
+    return entry.adapter_factory({})
+
+
+def _machine_name(attempt: JobAttempt) -> str:
+    return f"trainhub-{attempt.job.public_id}-a{attempt.number}"
+
+
+def attempt_launch(*, job_pk: int) -> JobAttempt | None:
+    """Start an attempt for a queued cloud job and ask its provider for a machine.
+
+    The attempt row (and later its instance id) is committed before and right after the
+    provider call, so a crash in between leaves a record the reconciler can act on.
+    """
+    job = TrainingJob.objects.get(pk=job_pk)
+    adapter = _adapter(job.target)
+    if adapter is None or job.status != S.QUEUED:
+        return None
+    attempt = attempt_start(job=job, target=job.target)
+    request = LaunchRequest(
+        job_id=job.public_id,
+        attempt=attempt.number,
+        name=_machine_name(attempt),
+        max_runtime_seconds=job.max_runtime_seconds,
+    )
+    try:
+        handle = adapter.launch(request)
+    except Exception as exc:  # provider adapters map their errors in a later capability
+        log.warning("launch of %s failed: %s", request.name, exc)
+        attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=f"launch failed: {exc}")
+        return attempt
+    JobAttempt.objects.filter(pk=attempt.pk).update(provider_instance_id=handle.instance_id)
+    attempt.provider_instance_id = handle.instance_id
+    return attempt
+
+
+_REMOTE_END = {
+    RemoteStatus.LOST: EndReason.WORKER_LOST,
+    RemoteStatus.CANCELLED: EndReason.CANCELLED,
+}
+
+
+def attempts_poll_target(*, target: str) -> int:
+    """Poll every live attempt on ``target`` in one batched call; returns how many were seen."""
+    adapter = _adapter(target)
+    live = list(
+        JobAttempt.objects.select_related("job")
+        .filter(target=target, ended_at__isnull=True)
+        .exclude(provider_instance_id="")
+    )
+    if adapter is None or not live:
+        return 0
+    states = adapter.poll([Handle(instance_id=a.provider_instance_id, name=_machine_name(a)) for a in live])
+    for attempt in live:
+        state = states.get(attempt.provider_instance_id, RemoteState(RemoteStatus.LOST, "not found"))
+        _apply_remote_state(attempt, state)
+    return len(live)
+
+
+def _apply_remote_state(attempt: JobAttempt, state: RemoteState) -> None:
+    if state.events:
+        attempt_record_events(
+            job_id=attempt.job.public_id, attempt_number=attempt.number, events=state.events
+        )
+    if state.status in (RemoteStatus.PENDING, RemoteStatus.RUNNING):
+        attempt_renew_lease(attempt=attempt)
+        if state.status == RemoteStatus.RUNNING:
+            _apply_reported_status(attempt, "running", {}, state.message)
+    elif state.status == RemoteStatus.SUCCEEDED:
+        _apply_reported_status(attempt, "succeeded", {}, state.message)
+    elif state.status == RemoteStatus.FAILED:
+        _apply_reported_status(attempt, "failed", {"code": state.error_code}, state.message)
+    else:
+        attempt_end(attempt=attempt, reason=_REMOTE_END[state.status], message=state.message)

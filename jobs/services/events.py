@@ -1,0 +1,101 @@
+"""Job events: control-plane appends and executor batches (deduplicated on attempt + seq)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from jobs.models import JobEvent, TrainingJob
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = frozenset({"status", "log", "metrics", "checkpoint", "artifact", "error", "heartbeat"})
+LEVELS = frozenset(JobEvent.Level.values)
+MAX_MESSAGE_CHARS = 4000
+METRIC_KEYS = ("step", "total_steps", "epoch", "loss", "lr", "tokens_per_second", "grad_norm")
+
+
+def _reserve_numbers(job_id: int, count: int) -> int:
+    """Reserve ``count`` public numbers; returns the first. The UPDATE row-locks the job, which
+    serialises appenders of the same job until commit, so numbers are gap-free and ordered."""
+    TrainingJob.objects.filter(pk=job_id).update(event_counter=F("event_counter") + count)
+    last = TrainingJob.objects.filter(pk=job_id).values_list("event_counter", flat=True).get()
+    return last - count + 1
+
+
+def event_append(
+    *,
+    job: TrainingJob,
+    type: str,
+    message: str,
+    level: str = "info",
+    data: Mapping[str, Any] | None = None,
+) -> JobEvent:
+    """Append a control-plane event (attempt 0, seq = public number)."""
+    with transaction.atomic():
+        number = _reserve_numbers(job.pk, 1)
+        return JobEvent.objects.create(
+            job_id=job.pk,
+            attempt=0,
+            seq=number,
+            number=number,
+            type=type,
+            level=level,
+            message=message[:MAX_MESSAGE_CHARS],
+            data=dict(data or {}),
+        )
+
+
+def clean_executor_event(raw: object) -> dict[str, Any] | None:
+    """The event as stored, or None (logged) if the executor sent something malformed."""
+    if not isinstance(raw, Mapping):
+        return None
+    seq, type_ = raw.get("seq"), raw.get("type")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or type_ not in EVENT_TYPES:
+        return None
+    level = raw.get("level", "info")
+    data = raw.get("data") or {}
+    if level not in LEVELS or not isinstance(data, Mapping):
+        return None
+    return {
+        "seq": seq,
+        "type": type_,
+        "level": level,
+        "message": str(raw.get("message", ""))[:MAX_MESSAGE_CHARS],
+        "data": dict(data),
+    }
+
+
+def events_store(*, job: TrainingJob, attempt: int, events: Iterable[dict[str, Any]]) -> list[JobEvent]:
+    """Store cleaned executor events once each; returns the newly stored ones in order."""
+    batch = {e["seq"]: e for e in events}
+    if not batch:
+        return []
+    with transaction.atomic():
+        TrainingJob.objects.select_for_update().filter(pk=job.pk).values_list("pk").get()
+        seen = set(
+            JobEvent.objects.filter(job_id=job.pk, attempt=attempt, seq__in=batch).values_list(
+                "seq", flat=True
+            )
+        )
+        fresh = [batch[s] for s in sorted(batch) if s not in seen]
+        if not fresh:
+            return []
+        first = _reserve_numbers(job.pk, len(fresh))
+        rows = [
+            JobEvent(job_id=job.pk, attempt=attempt, number=first + i, **e) for i, e in enumerate(fresh)
+        ]
+        JobEvent.objects.bulk_create(rows)
+        metrics = [e["data"] for e in fresh if e["type"] == "metrics"]
+        if metrics:
+            latest = {k: metrics[-1][k] for k in METRIC_KEYS if k in metrics[-1]}
+            updates: dict[str, Any] = {"latest_metrics": latest}
+            tokens = metrics[-1].get("trained_tokens")
+            if isinstance(tokens, int):
+                updates["trained_tokens"] = tokens
+            TrainingJob.objects.filter(pk=job.pk).update(**updates)
+    return rows

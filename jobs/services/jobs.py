@@ -1,0 +1,338 @@
+"""Training jobs: create, the one status writer, cancel, retry, delete."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from gpu_worker import celery_conf, spec
+from jobs.errors import Conflict, InvalidRequest, InvalidTransition, LimitExceeded
+from jobs.models import IdempotencyKey, Project, TrainingFile, TrainingJob
+from jobs.services.events import event_append
+from jobs.states import ALLOWED_FROM, LIVE, TERMINAL, JobStatus
+from providers import registry
+
+S = JobStatus
+JOB_FIELDS = (
+    "model",
+    "training_file",
+    "validation_file",
+    "adapter",
+    "hyperparameters",
+    "seed",
+    "suffix",
+    "target",
+    "max_runtime_seconds",
+    "max_attempts",
+)
+
+
+def job_transition(
+    *,
+    job: TrainingJob,
+    to: JobStatus,
+    message: str = "",
+    error_code: str = "",
+    data: Mapping[str, Any] | None = None,
+) -> bool:
+    """The only writer of ``TrainingJob.status``.
+
+    A conditional UPDATE (``WHERE status IN allowed``) makes concurrent writers safe on
+    PostgreSQL and SQLite alike. Returns True if this call moved the job, False if it was
+    already in ``to`` (a repeat); raises InvalidTransition otherwise.
+    """
+    now = timezone.now()
+    fields: dict[str, Any] = {"status": to}
+    if to in TERMINAL:
+        fields["finished_at"] = now
+    if to == S.FAILED:
+        fields.update(error_code=error_code or "internal_error", error_message=message)
+    if to == S.RUNNING:
+        fields["started_at"] = now
+    with transaction.atomic():
+        moved = TrainingJob.objects.filter(pk=job.pk, status__in=ALLOWED_FROM[to]).update(**fields)
+        if not moved:
+            current = TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
+            if current == to:
+                return False
+            raise InvalidTransition(current, to)
+        if to == S.QUEUED and job.status in (S.FAILED, S.CANCELLED):
+            TrainingJob.objects.filter(pk=job.pk).update(
+                error_code="", error_message="", finished_at=None
+            )
+            fields.update(error_code="", error_message="", finished_at=None)
+        event_append(
+            job=job,
+            type="status",
+            level="error" if to == S.FAILED else "info",
+            message=message or f"Job is {to}.",
+            data={"status": str(to), **({"code": error_code} if error_code else {}), **(data or {})},
+        )
+        for name, value in fields.items():
+            setattr(job, name, value)
+        if to == S.QUEUED:
+            transaction.on_commit(lambda: _on_queued(job.pk, job.target))
+    return True
+
+
+def _on_queued(job_pk: int, target: str) -> None:
+    """Cloud targets launch through submit_attempt; local jobs wait for the node dispatcher."""
+    entry = registry.get(target)
+    if entry is not None and entry.adapter_factory is not None:
+        from trainhub.celery import app
+
+        app.send_task(celery_conf.SUBMIT_ATTEMPT, args=[job_pk])
+
+
+# --- create -----------------------------------------------------------------------------------
+
+
+def _param_error(message: str, param: str, code: str = "invalid_value") -> InvalidRequest:
+    return InvalidRequest(message, code=code, param=param)
+
+
+def _int_field(data: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = data.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _param_error(f"{name} must be an integer (got {type(value).__name__}).", name, "invalid_type")
+    if not low <= value <= high:
+        raise _param_error(f"{name} must be between {low} and {high} (got {value}).", name)
+    return value
+
+
+def _model_allowed(model: str) -> bool:
+    patterns = settings.TRAINHUB_ALLOWED_MODELS
+    if model.startswith("/"):  # local paths must be listed explicitly by the operator
+        patterns = [p for p in patterns if p.startswith("/")]
+    return any(fnmatch.fnmatchcase(model, p) for p in patterns)
+
+
+def _project_file(project: Project, file_id: object, param: str) -> TrainingFile:
+    if not isinstance(file_id, str) or not file_id:
+        raise _param_error(f"{param} must be a file id (file-…).", param, "invalid_type")
+    found = TrainingFile.objects.filter(project=project, public_id=file_id).first()
+    if found is None:
+        raise _param_error(f"No file '{file_id}' in this project.", param, "file_not_found")
+    if found.purpose != "fine-tune":
+        raise _param_error(f"File '{file_id}' has purpose '{found.purpose}', not 'fine-tune'.", param)
+    if found.status == TrainingFile.Status.ERROR:
+        raise _param_error(
+            f"File '{file_id}' failed validation ({found.error_count} errors); fix it and upload again.",
+            param,
+            "invalid_file",
+        )
+    return found
+
+
+def _check_target(project: Project, name: object) -> str:
+    if name == registry.AUTO_TARGET:
+        raise _param_error(
+            "target 'auto' needs automatic placement, which this installation does not offer yet; "
+            f"choose one of: {', '.join(registry.names())}.",
+            "target",
+        )
+    entry = registry.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise _param_error(
+            f"Unknown target {name!r}; available: {', '.join(registry.names())}.", "target"
+        )
+    kind = entry.credential_kind
+    if kind and not (
+        project.credentials.filter(provider=kind).exists()
+        or (kind in project.operator_credential_providers and os.environ.get(f"{kind.upper()}_API_KEY"))
+    ):
+        raise _param_error(
+            f"target '{entry.name}' needs a '{kind}' credential in this project "
+            "(POST /api/v1/credentials/) or operator credentials enabled for it.",
+            "target",
+            "missing_credentials",
+        )
+    return entry.name
+
+
+def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(data) - set(JOB_FIELDS))
+    if unknown:
+        raise _param_error(
+            f"Unknown field '{unknown[0]}'; accepted fields: {', '.join(JOB_FIELDS)}.", unknown[0]
+        )
+    try:
+        model = spec.validate_model_name(data.get("model"))
+        adapter = spec.parse_adapter(data.get("adapter"))
+        hyper = spec.parse_hyperparameters(data.get("hyperparameters"))
+    except spec.SpecError as exc:
+        raise _param_error(exc.message, exc.param or "body") from None
+    if not _model_allowed(model):
+        raise _param_error(
+            f"Model '{model}' is not available on this installation "
+            "(the operator's TRAINHUB_ALLOWED_MODELS does not include it).",
+            "model",
+            "model_not_found",
+        )
+    suffix = data.get("suffix") or ""
+    if not isinstance(suffix, str) or len(suffix) > 64:
+        raise _param_error("suffix must be a string of at most 64 characters.", "suffix")
+    validation_id = data.get("validation_file")
+    return {
+        "model": model,
+        "adapter": spec_to_json(adapter),
+        "hyperparameters": spec_to_json(hyper),
+        "training_file": _project_file(project, data.get("training_file"), "training_file"),
+        "validation_file": _project_file(project, validation_id, "validation_file")
+        if validation_id is not None
+        else None,
+        "seed": _int_field(data, "seed", 42, 0, 2**31 - 1),
+        "suffix": suffix,
+        "target": _check_target(project, data.get("target", "local")),
+        "max_runtime_seconds": _int_field(
+            data,
+            "max_runtime_seconds",
+            settings.TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS,
+            60,
+            spec.MAX_RUNTIME_LIMIT_SECONDS,
+        ),
+        "max_attempts": _int_field(data, "max_attempts", 3, 1, 10),
+    }
+
+
+def spec_to_json(value: object) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out = asdict(value)  # type: ignore[call-overload]
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def _request_hash(data: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def job_create(
+    *,
+    project: Project,
+    user: AbstractBaseUser | None,
+    data: Mapping[str, Any],
+    idempotency_key: str | None = None,
+) -> tuple[TrainingJob, bool]:
+    """Validate and create a job; returns (job, created). With an idempotency key, a repeat
+    of the same request returns the first job; the same key with another body is a 409."""
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 255:
+        raise _param_error("Idempotency-Key must be 1 to 255 characters.", "Idempotency-Key")
+    request_hash = _request_hash(data)
+    if idempotency_key:
+        existing = _idempotent_replay(project, idempotency_key, request_hash)
+        if existing:
+            return existing, False
+    fields = _parse_job(project, data)
+    try:
+        with transaction.atomic():
+            live = TrainingJob.objects.filter(project=project, status__in=LIVE).count()
+            if live >= project.max_concurrent_jobs:
+                raise LimitExceeded(
+                    f"This project already has {live} live jobs (limit {project.max_concurrent_jobs}); "
+                    "wait for one to finish or cancel one.",
+                    code="concurrent_job_limit",
+                )
+            job = TrainingJob.objects.create(project=project, created_by=user, **fields)
+            if idempotency_key:
+                IdempotencyKey.objects.create(
+                    project=project, key=idempotency_key, request_sha256=request_hash, job=job
+                )
+            event_append(job=job, type="status", message="Job created; validating files.",
+                         data={"status": str(S.VALIDATING_FILES)})
+            job_advance_validation(job=job)
+    except IntegrityError:
+        if idempotency_key:  # a concurrent request with the same key won the race
+            existing = _idempotent_replay(project, idempotency_key, request_hash)
+            if existing:
+                return existing, False
+        raise
+    return job, True
+
+
+def _idempotent_replay(project: Project, key: str, request_hash: str) -> TrainingJob | None:
+    row = IdempotencyKey.objects.select_related("job").filter(project=project, key=key).first()
+    if row is None:
+        return None
+    if row.request_sha256 != request_hash:
+        raise Conflict(
+            "This Idempotency-Key was already used with a different request body.",
+            code="idempotency_key_reused",
+            param="Idempotency-Key",
+        )
+    return row.job
+
+
+def job_advance_validation(*, job: TrainingJob) -> None:
+    """Move a job out of validating_files once all its files are validated."""
+    if job.status != S.VALIDATING_FILES:
+        return
+    files = [f for f in (job.training_file, job.validation_file) if f is not None]
+    for f in files:
+        f.refresh_from_db(fields=["status", "error_count"])
+    bad = next((f for f in files if f.status == TrainingFile.Status.ERROR), None)
+    if bad is not None:
+        job_transition(
+            job=job,
+            to=S.FAILED,
+            error_code="invalid_dataset",
+            message=f"File {bad.public_id} failed validation with {bad.error_count} error(s); "
+            f"see GET /api/v1/files/{bad.public_id}/ for line numbers.",
+        )
+    elif all(f.status == TrainingFile.Status.PROCESSED for f in files):
+        job_transition(job=job, to=S.QUEUED, message="Files validated; job queued.")
+
+
+# --- user actions -----------------------------------------------------------------------------
+
+
+def job_cancel(*, job: TrainingJob) -> TrainingJob:
+    """Cancel a live job. Without a live attempt nothing runs, so it is cancelled at once;
+    otherwise it stays ``cancelling`` until the executor or provider confirms the stop."""
+    from jobs.services.attempts import attempt_live, attempt_request_stop
+
+    if job.status in TERMINAL:
+        raise Conflict(f"Job {job.public_id} is already {job.status}.", code="job_not_cancellable")
+    with transaction.atomic():
+        job_transition(job=job, to=S.CANCELLING, message="Cancellation requested.")
+        attempt = attempt_live(job=job)
+        if attempt is None:
+            job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
+        else:
+            attempt_request_stop(attempt=attempt)
+    return job
+
+
+def job_retry(*, job: TrainingJob) -> TrainingJob:
+    """Queue a failed or cancelled job again with a fresh automatic-retry budget."""
+    if job.status not in (S.FAILED, S.CANCELLED):
+        raise Conflict(
+            f"Only failed or cancelled jobs can be retried; {job.public_id} is {job.status}.",
+            code="job_not_retryable",
+        )
+    with transaction.atomic():
+        used = job.attempts.count()
+        TrainingJob.objects.filter(pk=job.pk).update(attempt_budget_start=used)
+        job.attempt_budget_start = used
+        if job.training_file.status != TrainingFile.Status.PROCESSED:
+            raise Conflict("The job's training file is not usable any more.", code="invalid_file")
+        job_transition(job=job, to=S.QUEUED, message="Retry requested; job queued.")
+    return job
+
+
+def job_delete(*, job: TrainingJob) -> None:
+    if job.status not in TERMINAL:
+        raise Conflict(
+            f"Job {job.public_id} is {job.status}; cancel it before deleting.", code="job_not_terminal"
+        )
+    job.delete()

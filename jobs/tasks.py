@@ -1,0 +1,59 @@
+"""Celery tasks: ids in, one service call out. Names and queues come from celery_conf."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from gpu_worker import celery_conf as cc
+from jobs.locks import try_lock
+from jobs.services import attempts, files
+from providers import registry
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=cc.VALIDATE_FILE, ignore_result=True)
+def validate_file(file_pk: int) -> None:
+    files.file_validate(file_pk=file_pk)
+
+
+@shared_task(name=cc.SUBMIT_ATTEMPT, ignore_result=True)
+def submit_attempt(job_pk: int) -> None:
+    attempts.attempt_launch(job_pk=job_pk)
+
+
+@shared_task(name=cc.POLL_ACTIVE_ATTEMPTS, ignore_result=True)
+def poll_active_attempts() -> None:
+    """Fan out one poll per cloud target. Each expires after one interval, so a slow cycle
+    drops stale polls instead of piling them up."""
+    for target in registry.cloud_targets():
+        poll_target.apply_async(args=[target.name], expires=cc.POLL_INTERVAL_SECONDS)
+
+
+@shared_task(name=cc.POLL_TARGET, ignore_result=True)
+def poll_target(target: str) -> None:
+    # One poller per target across all workers: overlapping cycles would double API calls.
+    with try_lock(f"poll:{target}", ttl_seconds=cc.POLL_INTERVAL_SECONDS * 6) as acquired:
+        if acquired:
+            attempts.attempts_poll_target(target=target)
+        else:
+            log.info("poll of %s skipped: previous cycle still running", target)
+
+
+@shared_task(name=cc.CANCEL_JOB, ignore_result=True)
+def cancel_job(job_pk: int) -> None:
+    attempts.attempts_stop(job_pk=job_pk)
+
+
+@shared_task(name=cc.EXPIRE_LEASES, ignore_result=True)
+def expire_leases() -> None:
+    with try_lock("expire-leases", ttl_seconds=cc.EXPIRE_LEASES_INTERVAL_SECONDS * 4) as acquired:
+        if acquired:
+            attempts.attempts_expire_leases()
+
+
+@shared_task(name=cc.RECORD_EVENTS, ignore_result=True)
+def record_events(job_id: str, attempt: int, events: list[dict]) -> None:
+    attempts.attempt_record_events(job_id=job_id, attempt_number=attempt, events=events)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Make sure the PostgreSQL and Redis that the tests use answer on 127.0.0.1, starting them if
+# they are installed but down, and create the test database. Idempotent; one line per service.
+set -euo pipefail
+
+PG_HOST=127.0.0.1
+PG_PORT="${TRAINHUB_PG_PORT:-5432}"
+PG_USER="${TRAINHUB_PG_USER:-postgres}"
+PG_DB="${TRAINHUB_PG_DB:-trainhub}"
+REDIS_HOST=127.0.0.1
+REDIS_PORT="${TRAINHUB_REDIS_PORT:-6379}"
+WAIT_S=30
+
+die() {
+    echo "ensure_services: $*" >&2
+    exit 1
+}
+
+pg_up() { pg_isready -q -h "$PG_HOST" -p "$PG_PORT" >/dev/null 2>&1; }
+redis_up() { [ "$(redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" ping 2>/dev/null)" = "PONG" ]; }
+
+wait_for() { # wait_for <name> <check-function>
+    local name="$1" check="$2" i
+    for ((i = 0; i < WAIT_S; i++)); do
+        if "$check"; then
+            return 0
+        fi
+        sleep 1
+    done
+    die "$name was started but did not answer within ${WAIT_S}s; check its log (PostgreSQL: /var/log/postgresql/, Redis: stderr of redis-server)."
+}
+
+# --- PostgreSQL ---------------------------------------------------------------------------------
+if ! command -v pg_isready >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
+    die "PostgreSQL client tools not found (pg_isready, psql). Install PostgreSQL: apt-get install -y postgresql"
+fi
+if pg_up; then
+    echo "postgresql: answering on $PG_HOST:$PG_PORT"
+else
+    if ! command -v pg_ctlcluster >/dev/null 2>&1 || [ ! -d /etc/postgresql ] \
+        || [ -z "$(ls -A /etc/postgresql 2>/dev/null)" ]; then
+        die "PostgreSQL is not running on $PG_HOST:$PG_PORT and no server is installed. Install it: apt-get install -y postgresql"
+    fi
+    pg_version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+    pg_ctlcluster --skip-systemctl-redirect "$pg_version" main start >/dev/null 2>&1 \
+        || echo "ensure_services: pg_ctlcluster $pg_version main start returned non-zero; waiting anyway" >&2
+    wait_for "PostgreSQL $pg_version" pg_up
+    echo "postgresql: started cluster $pg_version/main, answering on $PG_HOST:$PG_PORT"
+fi
+
+# --- Redis --------------------------------------------------------------------------------------
+if redis_up; then
+    echo "redis: answering on $REDIS_HOST:$REDIS_PORT"
+else
+    if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+        die "Redis is not running on $REDIS_HOST:$REDIS_PORT and redis-server is not installed. Install it: apt-get install -y redis-server"
+    fi
+    # No persistence: the tests only need a throwaway broker.
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" \
+        --save "" --appendonly no >/dev/null
+    wait_for "Redis" redis_up
+    echo "redis: started, answering on $REDIS_HOST:$REDIS_PORT"
+fi
+
+# --- test database ------------------------------------------------------------------------------
+case "$PG_DB" in
+    *[!A-Za-z0-9_]* | "") die "TRAINHUB_PG_DB='$PG_DB' must be letters, digits and underscores only." ;;
+esac
+exists="$(psql -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname='$PG_DB'")" \
+    || die "cannot query PostgreSQL as user '$PG_USER' on $PG_HOST:$PG_PORT (is local trust auth enabled?)."
+if [ "$exists" = "1" ]; then
+    echo "postgresql: database '$PG_DB' exists"
+else
+    createdb -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" "$PG_DB"
+    echo "postgresql: created database '$PG_DB'"
+fi

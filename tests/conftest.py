@@ -1,0 +1,128 @@
+"""Shared fixtures. Tests run on the real PostgreSQL and Redis named by DATABASE_URL and
+CELERY_BROKER_URL (see Makefile); outbound network is blocked except loopback and unix sockets."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rest_framework.test import APIClient
+
+from gpu_worker.datasets import DEMO_DATASET_PATH
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _check_address(sock: socket.socket, address: object) -> None:
+    if sock.family == socket.AF_UNIX:
+        return
+    host = address[0] if isinstance(address, tuple) else address
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        if host == "localhost":
+            return
+    raise RuntimeError(f"tests must not reach the network (tried {address!r})")
+
+
+def _guarded_connect(sock: socket.socket, address: object) -> None:
+    _check_address(sock, address)
+    return _real_connect(sock, address)
+
+
+def _guarded_connect_ex(sock: socket.socket, address: object) -> int:
+    _check_address(sock, address)
+    return _real_connect_ex(sock, address)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _block_outbound_network() -> Iterator[None]:
+    socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
+    yield
+    socket.socket.connect = _real_connect  # type: ignore[method-assign]
+    socket.socket.connect_ex = _real_connect_ex  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_storage(settings, tmp_path: Path) -> None:
+    settings.TRAINHUB_STORAGE_DIR = tmp_path / "storage"
+
+
+@pytest.fixture
+def make_user(db, django_user_model) -> Callable[..., object]:
+    def make(username: str = "alice", **extra: object) -> object:
+        return django_user_model.objects.create_user(username=username, password="pw-unused", **extra)
+
+    return make
+
+
+@pytest.fixture
+def user(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def project(user):
+    from jobs.services.projects import project_default_for_user
+
+    return project_default_for_user(user=user)
+
+
+@pytest.fixture
+def make_client(db) -> Callable[..., APIClient]:
+    """An API client authenticated with a fresh bearer key of ``user``."""
+    from jobs.services.projects import api_key_create
+
+    def make(user, project=None) -> APIClient:
+        _, raw = api_key_create(user=user, name="test", project=project)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def api(make_client, user, project) -> APIClient:
+    return make_client(user)
+
+
+@pytest.fixture
+def demo_dataset() -> bytes:
+    return DEMO_DATASET_PATH.read_bytes()
+
+
+@pytest.fixture
+def make_file(db, project, user):
+    """Store and validate a training file through the services (no broker involved)."""
+    from jobs.services.files import file_create, file_validate
+
+    def make(content: bytes | None = None, *, proj=None, validate: bool = True):
+        body = DEMO_DATASET_PATH.read_bytes() if content is None else content
+        record = file_create(project=proj or project, user=user, filename="data.jsonl", chunks=[body])
+        if validate:
+            file_validate(file_pk=record.pk)
+            record.refresh_from_db()
+        return record
+
+    return make
+
+
+@pytest.fixture
+def make_job(db, project, user, make_file):
+    """A job created through job_create (files validated, so it lands in ``queued``)."""
+    from jobs.services.jobs import job_create
+
+    def make(proj=None, **fields):
+        proj = proj or project
+        data = {"model": "acme/tiny-llama", "training_file": make_file(proj=proj).public_id, **fields}
+        job, _ = job_create(project=proj, user=user, data=data)
+        return job
+
+    return make

