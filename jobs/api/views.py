@@ -19,7 +19,7 @@ from jobs.services import jobs as job_services
 from jobs.services import projects as project_services
 
 LIST_PARAMS = [
-    OpenApiParameter("limit", int, description="1–100, default 20"),
+    OpenApiParameter("limit", int, description="1-100, default 20"),
     OpenApiParameter("after", str, description="id of the last object of the previous page"),
 ]
 

@@ -167,3 +167,6 @@ class IdempotencyKey(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "key"], name="uniq_idempotency_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} -> job {self.job_id}"

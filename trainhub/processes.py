@@ -1,0 +1,67 @@
+"""Child processes of the embedded launcher (web + worker), started with one shared env."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(requests.RequestException):
+            requests.get(url, timeout=1)
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def running(
+    commands: dict[str, list[str]], env: dict[str, str], log_dir: Path, cwd: Path
+) -> Iterator[None]:
+    """Run each command with its output in ``log_dir/<name>.log``; stop them all on exit."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, argv in commands.items():
+            log = (log_dir / f"{name}.log").open("ab")
+            procs[name] = subprocess.Popen(  # noqa: S603 (argv built by this module)
+                argv, env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        yield
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def web_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "gunicorn", "trainhub.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
+            "--access-logfile", "-"]
+
+
+def worker_command() -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", "default", "-c", "1",
+            "-l", "info", "--without-gossip", "--without-mingle"]
