@@ -36,6 +36,11 @@ def training_file_key(project_id: int, file_public_id: str) -> str:
     return f"projects/{project_id}/files/{file_public_id}.jsonl"
 
 
+def bundle_key(project_id: int, job_public_id: str, attempt_number: int) -> str:
+    """Where an attempt's adapter bundle is uploaded (and kept once verified)."""
+    return f"projects/{project_id}/jobs/{job_public_id}/a{attempt_number}/adapter.tar"
+
+
 def _path(key: str) -> Path:
     root = Path(settings.TRAINHUB_STORAGE_DIR).resolve()
     path = (root / key).resolve()

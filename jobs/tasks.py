@@ -8,7 +8,7 @@ from celery import shared_task
 
 from gpu_worker import celery_conf as cc
 from jobs.locks import try_lock
-from jobs.services import attempts, files
+from jobs.services import artifacts, attempts, files
 from providers import registry
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ def poll_target(target: str) -> None:
 @shared_task(name=cc.CANCEL_JOB, ignore_result=True)
 def cancel_job(job_pk: int) -> None:
     attempts.attempts_stop(job_pk=job_pk)
+
+
+@shared_task(name=cc.INGEST_ARTIFACT, ignore_result=True)
+def ingest_artifact(attempt_pk: int, reported_sha256: str = "") -> None:
+    artifacts.artifact_ingest(attempt_pk=attempt_pk, reported_sha256=reported_sha256)
 
 
 @shared_task(name=cc.EXPIRE_LEASES, ignore_result=True)

@@ -91,6 +91,12 @@ def attempt_request_stop(*, attempt: JobAttempt) -> None:
     transaction.on_commit(lambda: _send_stop(attempt.job_id))
 
 
+def _send_ingest(attempt_pk: int, reported_sha256: str) -> None:
+    from trainhub.celery import app
+
+    app.send_task(celery_conf.INGEST_ARTIFACT, args=[attempt_pk, reported_sha256])
+
+
 def _send_stop(job_pk: int) -> None:
     from trainhub.celery import app
 
@@ -98,10 +104,9 @@ def _send_stop(job_pk: int) -> None:
 
 
 def attempts_stop(*, job_pk: int) -> None:
-    """Stop the job's cloud machines (idempotent). Local attempts stop through the node."""
+    """Terminate the job's cloud machines, whatever the outcome (cancel is idempotent, and a
+    finished attempt's machine must stop billing too). Local attempts stop through the node."""
     for attempt in JobAttempt.objects.filter(job_id=job_pk).exclude(provider_instance_id=""):
-        if attempt.ended_at is not None and attempt.end_reason == EndReason.SUCCEEDED:
-            continue
         adapter = _adapter(attempt.target)
         if adapter is None:
             continue
@@ -167,6 +172,8 @@ def _apply_reported_status(attempt: JobAttempt, status: object, data: dict, mess
         job_transition(job=job, to=S.RUNNING, message="Training started.")
     elif status == "succeeded" and job.status == S.RUNNING:
         job_transition(job=job, to=S.FINALIZING, message="Training finished; verifying the adapter.")
+        reported = str(data.get("sha256", ""))
+        transaction.on_commit(lambda: _send_ingest(attempt.pk, reported))
     elif status == "failed":
         try:
             reason = EndReason(data.get("code", "internal_error"))

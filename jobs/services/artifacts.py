@@ -1,0 +1,61 @@
+"""Artifact ingest: verify the uploaded bundle against its manifest, then succeed the job."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from gpu_worker.bundle import BundleError, verify_bundle
+from jobs import storage
+from jobs.models import Artifact, JobAttempt, TrainingJob
+from jobs.services.attempts import attempt_end
+from jobs.services.jobs import job_transition
+from jobs.states import EndReason, JobStatus
+
+log = logging.getLogger(__name__)
+
+
+def artifact_ingest(*, attempt_pk: int, reported_sha256: str = "") -> Artifact | None:
+    """Verify attempt's bundle (every member hash, then the whole-bundle hash the executor
+    reported) and store it as the job's adapter. A mismatch fails the job with
+    ``artifact_corrupt``; the bytes stay in storage, unserved, for inspection."""
+    attempt = JobAttempt.objects.select_related("job").get(pk=attempt_pk)
+    job: TrainingJob = attempt.job
+    if job.status != JobStatus.FINALIZING or attempt.ended_at is not None:
+        return None  # a repeat, or an attempt that no longer counts
+    key = storage.bundle_key(job.project_id, job.public_id, attempt.number)
+    try:
+        verified = verify_bundle(storage.read_chunks(key))
+        if reported_sha256 and verified.sha256 != reported_sha256:
+            raise BundleError("the bundle's sha256 differs from the one the executor reported")
+    except FileNotFoundError:
+        return _corrupt(attempt, "the executor reported success but no bundle was uploaded")
+    except BundleError as exc:
+        return _corrupt(attempt, exc.message)
+    with transaction.atomic():
+        artifact = Artifact.objects.create(
+            job=job,
+            attempt=attempt,
+            kind=Artifact.Kind.ADAPTER,
+            storage_key=key,
+            filename=f"{job.public_id}-adapter.tar",
+            size=verified.size,
+            sha256=verified.sha256,
+            reported_sha256=reported_sha256,
+            verified=True,
+        )
+        attempt_end(attempt=attempt, reason=EndReason.SUCCEEDED, message="adapter verified")
+        job_transition(
+            job=job,
+            to=JobStatus.SUCCEEDED,
+            message=f"Adapter stored ({verified.size} bytes, sha256 {verified.sha256[:12]}…).",
+            data={"artifact": artifact.public_id, "sha256": verified.sha256},
+        )
+    return artifact
+
+
+def _corrupt(attempt: JobAttempt, message: str) -> None:
+    log.warning("artifact of %s rejected: %s", attempt, message)
+    attempt_end(attempt=attempt, reason=EndReason.ARTIFACT_CORRUPT, message=message)
+    return None
