@@ -236,6 +236,8 @@ def job_create(
     fields = _parse_job(project, data)
     try:
         with transaction.atomic():
+            # The project row lock makes the limit check and the insert one step.
+            Project.objects.select_for_update().filter(pk=project.pk).values_list("pk").get()
             live = TrainingJob.objects.filter(project=project, status__in=LIVE).count()
             if live >= project.max_concurrent_jobs:
                 raise LimitExceeded(
