@@ -43,6 +43,11 @@ class ReadOnlyInline(admin.TabularInline):
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> tuple[str, ...]:
+        # Without this the inline's form is built over every listed field, and a non-editable
+        # one (JobEvent.created_at) makes the job's change page fail with a FieldError.
+        return tuple(self.fields or ())
+
 
 class AttemptInline(ReadOnlyInline):
     model = JobAttempt
@@ -67,7 +72,9 @@ def _run_service(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Q
             action(job=job)
             done += 1
         except ServiceError as exc:
-            modeladmin.message_user(request, f"{job.public_id}: {exc.message}", messages.WARNING)
+            # Not "ftjob-…: …": the admin template capitalises a message's first letter, which
+            # would misspell the (case-sensitive) id.
+            modeladmin.message_user(request, f"Skipped {job.public_id}: {exc.message}", messages.WARNING)
     if done:
         modeladmin.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
 

@@ -3,6 +3,8 @@ pages cost the same as the first."""
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import QuerySet
 
 from jobs.errors import InvalidRequest, NotFound
@@ -10,6 +12,17 @@ from jobs.models import Artifact, JobEvent, Project, ProviderCredential, Trainin
 from jobs.states import JobStatus
 
 MAX_LIMIT = 100
+# Public ids and target names are short ASCII tokens. Anything else (junk, or a NUL byte, which
+# PostgreSQL refuses in a text parameter with a 500) cannot match a row, so it is never queried.
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _is_token(value: str) -> bool:
+    return _TOKEN.fullmatch(value) is not None
+
+
+def _is_number(value: str) -> bool:
+    return value.isascii() and value.isdigit()  # isdigit alone accepts '²', which int() refuses
 
 
 def parse_limit(raw: str | None, default: int = 20) -> int:
@@ -35,6 +48,8 @@ def job_get(*, project: Project, job_id: str) -> TrainingJob:
         TrainingJob.objects.select_related("project", "training_file", "validation_file")
         .filter(project=project, public_id=job_id)
         .first()
+        if _is_token(job_id)
+        else None
     )
     if job is None:
         raise NotFound(f"No fine-tuning job '{job_id}'.", code="job_not_found")
@@ -54,9 +69,16 @@ def job_list(
             )
         qs = qs.filter(status=status)
     if target:
+        if not _is_token(target):
+            raise InvalidRequest("target must be a target name such as 'local'.", code="invalid_value",
+                                 param="target")
         qs = qs.filter(target=target)
     if after:
-        pk = TrainingJob.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+        pk = (
+            TrainingJob.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+            if _is_token(after)
+            else None
+        )
         if pk is None:
             raise InvalidRequest(f"after: no job '{after}'.", code="invalid_value", param="after")
         qs = qs.filter(pk__lt=pk)
@@ -69,7 +91,7 @@ def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list
     if after:
         prefix = f"ftevent-{job.public_id.removeprefix('ftjob-')}-"
         number = after.removeprefix(prefix)
-        if not after.startswith(prefix) or not number.isdigit():
+        if not after.startswith(prefix) or not _is_number(number):
             raise InvalidRequest(f"after: '{after}' is not an event of this job.", code="invalid_value",
                                  param="after")
         qs = qs.filter(number__gt=int(number))
@@ -77,7 +99,9 @@ def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list
 
 
 def file_get(*, project: Project, file_id: str) -> TrainingFile:
-    found = TrainingFile.objects.filter(project=project, public_id=file_id).first()
+    found = (
+        TrainingFile.objects.filter(project=project, public_id=file_id).first() if _is_token(file_id) else None
+    )
     if found is None:
         raise NotFound(f"No file '{file_id}'.", code="file_not_found")
     return found
@@ -86,7 +110,11 @@ def file_get(*, project: Project, file_id: str) -> TrainingFile:
 def file_list(*, project: Project, after: str | None, limit: int) -> tuple[list[TrainingFile], bool]:
     qs = TrainingFile.objects.filter(project=project)
     if after:
-        pk = TrainingFile.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+        pk = (
+            TrainingFile.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+            if _is_token(after)
+            else None
+        )
         if pk is None:
             raise InvalidRequest(f"after: no file '{after}'.", code="invalid_value", param="after")
         qs = qs.filter(pk__lt=pk)
@@ -102,6 +130,8 @@ def artifact_get(*, project: Project, artifact_id: str) -> Artifact:
         Artifact.objects.select_related("job")
         .filter(job__project=project, public_id=artifact_id, verified=True)
         .first()
+        if _is_token(artifact_id)
+        else None
     )
     if found is None:
         raise NotFound(f"No artifact '{artifact_id}'.", code="artifact_not_found")
@@ -113,7 +143,7 @@ def credential_list(*, project: Project) -> list[ProviderCredential]:
 
 
 def credential_get(*, project: Project, credential_id: str) -> ProviderCredential:
-    found = project.credentials.filter(pk=int(credential_id)).first() if credential_id.isdigit() else None
+    found = project.credentials.filter(pk=int(credential_id)).first() if _is_number(credential_id) else None
     if found is None:
         raise NotFound(f"No credential '{credential_id}'.", code="credential_not_found")
     return found

@@ -22,6 +22,10 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key = api_key_authenticate(raw=raw.strip())
         if key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        if not key.is_member:  # type: ignore[attr-defined]
+            raise exceptions.AuthenticationFailed(
+                f"This API key's user is no longer a member of project '{key.project.slug}'."
+            )
         return key.user, key
 
     def authenticate_header(self, request: Request) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import ParseError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,9 +27,47 @@ LIST_PARAMS = [
 ]
 
 
+class JSONBodyParser(JSONParser):
+    """JSONParser that answers a too deeply nested body with a 400, not a RecursionError (500)."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - the body is nested too deeply.") from None
+
+
+def _nul_at(data: dict) -> str | None:
+    """The path of the first key or string holding a NUL character, which PostgreSQL refuses
+    in text and jsonb (a 500 otherwise). Iterative: a body may be nested hundreds deep."""
+    stack: list[tuple[str, object]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return path
+            continue
+        if isinstance(value, dict):
+            pairs = list(value.items())
+        elif isinstance(value, list):
+            pairs = list(enumerate(value))
+        else:
+            continue
+        for key, item in reversed(pairs):
+            where = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return where
+            stack.append((where, item))
+    return None
+
+
 def _body(request: Request) -> dict:
     if not isinstance(request.data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
+    bad = _nul_at(request.data)
+    if bad:
+        raise InvalidRequest(f"{bad} must not contain NUL (\\u0000) characters.", code="invalid_value",
+                             param=bad)
     return dict(request.data)
 
 
@@ -71,7 +112,7 @@ class FileDetailView(APIView):
 
 
 class JobListView(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [JSONBodyParser]
 
     @extend_schema(
         operation_id="jobs_list",
@@ -167,7 +208,7 @@ class ArtifactDownloadView(APIView):
 
 
 class CredentialListView(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [JSONBodyParser]
 
     @extend_schema(responses=dict)
     def get(self, request: Request) -> Response:

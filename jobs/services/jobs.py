@@ -226,8 +226,12 @@ def job_create(
 ) -> tuple[TrainingJob, bool]:
     """Validate and create a job; returns (job, created). With an idempotency key, a repeat
     of the same request returns the first job; the same key with another body is a 409."""
-    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 255:
-        raise _param_error("Idempotency-Key must be 1 to 255 characters.", "Idempotency-Key")
+    if idempotency_key is not None and (
+        not 1 <= len(idempotency_key) <= 255 or not idempotency_key.isprintable()
+    ):
+        raise _param_error(
+            "Idempotency-Key must be 1 to 255 printable characters.", "Idempotency-Key"
+        )
     request_hash = _request_hash(data)
     if idempotency_key:
         existing = _idempotent_replay(project, idempotency_key, request_hash)

@@ -10,6 +10,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -80,6 +81,12 @@ def api_key_authenticate(*, raw: str) -> ApiKey | None:
         return None
     key = (
         ApiKey.objects.select_related("user", "project")
+        .annotate(
+            # A key acts in one project; once its user leaves that project it opens nothing.
+            is_member=Exists(
+                ProjectMembership.objects.filter(project=OuterRef("project"), user=OuterRef("user"))
+            )
+        )
         .filter(prefix=raw[:_PREFIX_CHARS], revoked_at__isnull=True)
         .first()
     )
@@ -120,13 +127,14 @@ def credential_create(
             param="secrets",
         )
     try:
-        return ProviderCredential.objects.create(
-            project=project,
-            provider=provider,
-            name=name,
-            secret_ciphertext=crypto.encrypt_json({f: str(secrets[f]) for f in fields}),
-            secret_fields=list(fields),
-        )
+        with transaction.atomic():  # a savepoint, so a duplicate leaves the caller's transaction usable
+            return ProviderCredential.objects.create(
+                project=project,
+                provider=provider,
+                name=name,
+                secret_ciphertext=crypto.encrypt_json({f: str(secrets[f]) for f in fields}),
+                secret_fields=list(fields),
+            )
     except IntegrityError:
         raise Conflict(
             f"A {provider} credential named '{name}' already exists.", code="duplicate", param="name"

@@ -1,0 +1,163 @@
+"""Django admin: pages render for an operator, secrets never show, actions go through services."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from jobs.models import ApiKey, Artifact, JobEvent, ProviderCredential, TrainingJob
+from jobs.services.projects import api_key_authenticate, api_key_create, credential_create
+
+SECRET = "rk_secret_for_admin"
+
+
+@pytest.fixture
+def admin_client(make_user) -> Client:
+    root = make_user("root", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(root)
+    return client
+
+
+@pytest.fixture
+def objects(user, project, make_job):
+    queued = make_job()
+    cancelled = make_job()
+    from jobs.services.jobs import job_cancel
+
+    job_cancel(job=cancelled)
+    artifact = Artifact.objects.create(
+        job=cancelled,
+        kind="adapter",
+        storage_key="projects/x/adapter.tar",
+        filename="adapter.tar",
+        size=10,
+        sha256="0" * 64,
+        verified=True,
+    )
+    key, raw = api_key_create(user=user, name="laptop")
+    credential = credential_create(
+        project=project, provider="runpod", name="main", secrets={"api_key": SECRET}
+    )
+    return {
+        "queued": queued,
+        "cancelled": cancelled,
+        "artifact": artifact,
+        "key": key,
+        "raw": raw,
+        "credential": credential,
+    }
+
+
+def _page(client: Client, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code)
+    return response.content.decode()
+
+
+def test_changelists_and_change_pages_render(admin_client, objects) -> None:
+    pages = {
+        "trainingjob": objects["queued"].pk,
+        "trainingfile": objects["queued"].training_file_id,
+        "artifact": objects["artifact"].pk,
+        "apikey": objects["key"].pk,
+        "providercredential": objects["credential"].pk,
+        "project": objects["queued"].project_id,
+    }
+    for model, pk in pages.items():
+        _page(admin_client, f"/admin/jobs/{model}/")
+        _page(admin_client, f"/admin/jobs/{model}/{pk}/change/")
+    assert objects["queued"].public_id in _page(admin_client, "/admin/jobs/trainingjob/")
+    assert objects["artifact"].public_id in _page(admin_client, "/admin/jobs/artifact/")
+    job_page = _page(admin_client, f"/admin/jobs/trainingjob/{objects['cancelled'].pk}/change/")
+    assert "Job cancelled." in job_page  # the events inline
+
+
+def test_secrets_never_show(admin_client, objects) -> None:
+    key, raw, credential = objects["key"], objects["raw"], objects["credential"]
+    row = ProviderCredential.objects.get(pk=credential.pk)
+    for url in (
+        "/admin/jobs/providercredential/",
+        f"/admin/jobs/providercredential/{credential.pk}/change/",
+        f"/admin/jobs/providercredential/{credential.pk}/history/",
+    ):
+        html = _page(admin_client, url)
+        assert SECRET not in html
+        assert row.secret_ciphertext not in html
+    cred_page = _page(admin_client, f"/admin/jobs/providercredential/{credential.pk}/change/")
+    assert "api_key" in cred_page  # field names are shown
+
+    stored = ApiKey.objects.get(pk=key.pk)
+    for url in ("/admin/jobs/apikey/", f"/admin/jobs/apikey/{key.pk}/change/"):
+        html = _page(admin_client, url)
+        assert raw not in html
+        assert stored.key_sha256 not in html
+        assert stored.prefix in html
+
+
+def test_admin_cancel_action_uses_the_service(admin_client, objects) -> None:
+    queued, cancelled = objects["queued"], objects["cancelled"]
+    response = admin_client.post(
+        "/admin/jobs/trainingjob/",
+        {"action": "cancel_jobs", "_selected_action": [queued.pk, cancelled.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Cancelled 1 job(s)." in html
+    assert f"Skipped {cancelled.public_id}: Job {cancelled.public_id} is already cancelled." in html
+
+    queued.refresh_from_db()
+    assert queued.status == "cancelled" and queued.finished_at is not None
+    statuses = list(
+        JobEvent.objects.filter(job=queued)
+        .order_by("number")
+        .values_list("data__status", flat=True)
+    )
+    assert statuses[-2:] == ["cancelling", "cancelled"]
+
+
+def test_admin_retry_action(admin_client, objects) -> None:
+    cancelled = objects["cancelled"]
+    admin_client.post(
+        "/admin/jobs/trainingjob/", {"action": "retry_jobs", "_selected_action": [cancelled.pk]}
+    )
+    cancelled.refresh_from_db()
+    assert cancelled.status == "queued"
+
+
+def test_status_filter(admin_client, objects) -> None:
+    html = _page(admin_client, "/admin/jobs/trainingjob/?status=queued")
+    assert objects["queued"].public_id in html
+    assert objects["cancelled"].public_id not in html
+    html = _page(admin_client, "/admin/jobs/trainingjob/?status=cancelled")
+    assert objects["cancelled"].public_id in html
+    assert objects["queued"].public_id not in html
+    html = _page(admin_client, f"/admin/jobs/trainingjob/?q={objects['cancelled'].public_id}")
+    assert objects["cancelled"].public_id in html
+    assert objects["queued"].public_id not in html
+    html = _page(admin_client, "/admin/jobs/trainingfile/?status=processed")
+    assert objects["queued"].training_file.public_id in html
+
+
+def test_revoke_action(admin_client, objects) -> None:
+    key, raw = objects["key"], objects["raw"]
+    assert api_key_authenticate(raw=raw) is not None
+    admin_client.post("/admin/jobs/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+    assert api_key_authenticate(raw=raw) is None
+
+
+def test_no_add_pages_for_api_owned_objects(admin_client, db) -> None:
+    for model in ("trainingjob", "trainingfile", "artifact", "apikey", "providercredential"):
+        assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
+
+
+def test_non_staff_is_sent_to_login(user, objects) -> None:
+    client = Client()
+    client.force_login(user)
+    response = client.get("/admin/jobs/trainingjob/")
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]
+    assert TrainingJob.objects.count() == 2
