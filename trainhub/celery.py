@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 
+import redis
 from celery import Celery
 from celery.signals import beat_init
 
@@ -33,6 +34,14 @@ app.autodiscover_tasks(["jobs"])
 log = logging.getLogger(__name__)
 BEAT_LOCK_KEY = "trainhub:beat-lock"
 BEAT_LOCK_TTL_SECONDS = 60
+# Extend the key only while it is still ours: after a stall past the TTL another beat may hold
+# it, and overwriting it would leave two beats that each believe they are the only one.
+_EXTEND_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('expire', KEYS[1], ARGV[2])
+end
+return 0
+"""
 
 
 @beat_init.connect
@@ -50,10 +59,18 @@ def _refuse_second_beat(sender: object = None, **_: object) -> None:
         holder = client.get(BEAT_LOCK_KEY)
         raise SystemExit(f"another celery beat is already running ({holder!r}); run exactly one")
 
+    extend = client.register_script(_EXTEND_IF_OWNER)
+
     def refresh() -> None:
         while True:
             threading.Event().wait(BEAT_LOCK_TTL_SECONDS / 3)
-            client.set(BEAT_LOCK_KEY, owner, ex=BEAT_LOCK_TTL_SECONDS)
+            try:
+                if not extend(keys=[BEAT_LOCK_KEY], args=[owner, BEAT_LOCK_TTL_SECONDS]):
+                    holder = client.get(BEAT_LOCK_KEY)
+                    log.error("beat lock lost to %r; stop this beat, another one runs", holder)
+                    return
+            except redis.RedisError as exc:  # transient: try again before the TTL runs out
+                log.warning("could not refresh the beat lock: %s", exc)
 
     threading.Thread(target=refresh, name="beat-lock", daemon=True).start()
     log.info("beat lock held by %s", owner)

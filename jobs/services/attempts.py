@@ -13,13 +13,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from gpu_worker import celery_conf
+from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services.events import clean_executor_event, event_append, events_store
 from jobs.services.jobs import job_transition
-from jobs.states import EndReason, JobStatus
+from jobs.states import TERMINAL, EndReason, JobStatus
 from providers import registry
 from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus
 
@@ -40,8 +42,14 @@ def attempt_start(*, job: TrainingJob, target: str, node_name: str = "") -> JobA
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         number = (job.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
-        job_transition(job=job, to=S.PROVISIONING, message=f"Attempt {number} starting on {target}.",
-                       data={"attempt": number, "target": target})
+        moved = job_transition(
+            job=job,
+            to=S.PROVISIONING,
+            message=f"Attempt {number} starting on {target}.",
+            data={"attempt": number, "target": target},
+        )
+        if not moved:  # already provisioning: another dispatcher (or a redelivery) got here first
+            raise InvalidTransition(job.status, S.PROVISIONING)
         return JobAttempt.objects.create(
             job=job, number=number, target=target, node_name=node_name, lease_expires_at=_lease_deadline()
         )
@@ -105,8 +113,19 @@ def _send_stop(job_pk: int) -> None:
 
 def attempts_stop(*, job_pk: int) -> None:
     """Terminate the job's cloud machines, whatever the outcome (cancel is idempotent, and a
-    finished attempt's machine must stop billing too). Local attempts stop through the node."""
-    for attempt in JobAttempt.objects.filter(job_id=job_pk).exclude(provider_instance_id=""):
+    finished attempt's machine must stop billing too). Local attempts stop through the node.
+
+    The live attempt is stopped only once the job is cancelling or over: while the job runs,
+    it is a newer attempt than the lost one whose end sent this stop."""
+    status = TrainingJob.objects.filter(pk=job_pk).values_list("status", flat=True).first()
+    attempts = (
+        JobAttempt.objects.select_related("job")
+        .filter(job_id=job_pk)
+        .exclude(provider_instance_id="")
+    )
+    for attempt in attempts:
+        if attempt.ended_at is None and status not in (S.CANCELLING, *TERMINAL):
+            continue
         adapter = _adapter(attempt.target)
         if adapter is None:
             continue
@@ -208,7 +227,11 @@ def attempt_launch(*, job_pk: int) -> JobAttempt | None:
     adapter = _adapter(job.target)
     if adapter is None or job.status != S.QUEUED:
         return None
-    attempt = attempt_start(job=job, target=job.target)
+    try:
+        attempt = attempt_start(job=job, target=job.target)
+    except InvalidTransition as exc:  # cancelled, or launched by a duplicate delivery meanwhile
+        log.info("not launching %s: %s", job.public_id, exc)
+        return None
     request = LaunchRequest(
         job_id=job.public_id,
         attempt=attempt.number,
@@ -223,6 +246,11 @@ def attempt_launch(*, job_pk: int) -> JobAttempt | None:
         return attempt
     JobAttempt.objects.filter(pk=attempt.pk).update(provider_instance_id=handle.instance_id)
     attempt.provider_instance_id = handle.instance_id
+    # A cancel (or end) while the provider call was in flight found no instance to stop.
+    if JobAttempt.objects.filter(
+        Q(ended_at__isnull=False) | Q(job__status=S.CANCELLING), pk=attempt.pk
+    ).exists():
+        transaction.on_commit(lambda: _send_stop(job_pk))
     return attempt
 
 

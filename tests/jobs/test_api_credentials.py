@@ -8,7 +8,6 @@ import pytest
 from cryptography.fernet import Fernet, InvalidToken
 from django.core.management import call_command
 from django.db import transaction
-from django.db.transaction import TransactionManagementError
 
 from jobs import crypto
 from jobs.errors import Conflict
