@@ -111,7 +111,9 @@ def _safe_name(name: str) -> bool:
 def _parse_manifest(raw: bytes) -> dict[str, BundleFile]:
     try:
         doc = json.loads(raw)
-        entries = [BundleFile(str(e["path"]), int(e["size"]), str(e["sha256"])) for e in doc["files"]]
+        entries = [
+            BundleFile(str(e["path"]), int(e["size"]), str(e["sha256"])) for e in doc["files"]
+        ]
     except (ValueError, KeyError, TypeError) as exc:
         raise BundleError(f"manifest.json is not a valid manifest: {exc}", MANIFEST) from None
     return {e.path: e for e in entries}
@@ -136,7 +138,9 @@ def verify_bundle(chunks: Iterable[bytes]) -> VerifiedBundle:
                     expected = _parse_manifest(tar.extractfile(member).read())  # type: ignore[union-attr]
                     continue
                 if not member.isfile() or not _safe_name(member.name):
-                    raise BundleError(f"{member.name} is not a plain file with a safe name", member.name)
+                    raise BundleError(
+                        f"{member.name} is not a plain file with a safe name", member.name
+                    )
                 want = expected.get(member.name)
                 if want is None:
                     raise BundleError(f"{member.name} is not in the manifest", member.name)
@@ -144,7 +148,9 @@ def verify_bundle(chunks: Iterable[bytes]) -> VerifiedBundle:
                 while chunk := fh.read(_CHUNK):  # type: ignore[union-attr]
                     digest.update(chunk)
                 if member.size != want.size or digest.hexdigest() != want.sha256:
-                    raise BundleError(f"{member.name} does not match its manifest hash or size", member.name)
+                    raise BundleError(
+                        f"{member.name} does not match its manifest hash or size", member.name
+                    )
                 seen.append(want)
     except tarfile.TarError as exc:
         raise BundleError(f"not a readable tar archive: {exc}") from None

@@ -51,8 +51,18 @@ class ReadOnlyInline(admin.TabularInline):
 
 class AttemptInline(ReadOnlyInline):
     model = JobAttempt
-    fields = ("number", "target", "node_name", "provider_instance_id", "lease_expires_at",
-              "started_at", "ended_at", "end_reason", "billed_rate_per_hour", "cost")
+    fields = (
+        "number",
+        "target",
+        "node_name",
+        "provider_instance_id",
+        "lease_expires_at",
+        "started_at",
+        "ended_at",
+        "end_reason",
+        "billed_rate_per_hour",
+        "cost",
+    )
 
 
 class EventInline(ReadOnlyInline):
@@ -64,8 +74,9 @@ class EventInline(ReadOnlyInline):
         return super().get_queryset(request).order_by("-number")
 
 
-def _run_service(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, action,
-                 verb: str) -> None:
+def _run_service(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, action, verb: str
+) -> None:
     done = 0
     for job in queryset:
         try:
@@ -74,7 +85,9 @@ def _run_service(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Q
         except ServiceError as exc:
             # Not "ftjob-…: …": the admin template capitalises a message's first letter, which
             # would misspell the (case-sensitive) id.
-            modeladmin.message_user(request, f"Skipped {job.public_id}: {exc.message}", messages.WARNING)
+            modeladmin.message_user(
+                request, f"Skipped {job.public_id}: {exc.message}", messages.WARNING
+            )
     if done:
         modeladmin.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
 
@@ -91,7 +104,15 @@ def retry_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Que
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
-    list_display = ("public_id", "colored_status", "model", "target", "project", "created_at", "finished_at")
+    list_display = (
+        "public_id",
+        "colored_status",
+        "model",
+        "target",
+        "project",
+        "created_at",
+        "finished_at",
+    )
     list_filter = ("status", "target", "project")
     search_fields = ("public_id", "model", "suffix", "project__slug")
     list_select_related = ("project",)
@@ -101,8 +122,9 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def colored_status(self, obj: TrainingJob) -> str:
-        return format_html('<b style="color:{}">{}</b>', STATUS_COLORS.get(obj.status, "#24292f"),
-                           obj.status)
+        return format_html(
+            '<b style="color:{}">{}</b>', STATUS_COLORS.get(obj.status, "#24292f"), obj.status
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are created through the API, which validates them
@@ -110,7 +132,15 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
 @admin.register(TrainingFile)
 class TrainingFileAdmin(admin.ModelAdmin):
-    list_display = ("public_id", "filename", "status", "format", "example_count", "bytes", "project")
+    list_display = (
+        "public_id",
+        "filename",
+        "status",
+        "format",
+        "example_count",
+        "bytes",
+        "project",
+    )
     list_filter = ("status", "format")
     search_fields = ("public_id", "filename", "sha256")
     readonly_fields = [f.name for f in TrainingFile._meta.fields]

@@ -33,8 +33,9 @@ def parse_limit(raw: str | None, default: int = 20) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LIMIT:
-        raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}.", code="invalid_value",
-                             param="limit")
+        raise InvalidRequest(
+            f"limit must be an integer from 1 to {MAX_LIMIT}.", code="invalid_value", param="limit"
+        )
     return value
 
 
@@ -65,17 +66,24 @@ def job_list(
     if status:
         if status not in JobStatus.__members__.values():
             raise InvalidRequest(
-                f"status must be one of: {', '.join(JobStatus)}.", code="invalid_value", param="status"
+                f"status must be one of: {', '.join(JobStatus)}.",
+                code="invalid_value",
+                param="status",
             )
         qs = qs.filter(status=status)
     if target:
         if not _is_token(target):
-            raise InvalidRequest("target must be a target name such as 'local'.", code="invalid_value",
-                                 param="target")
+            raise InvalidRequest(
+                "target must be a target name such as 'local'.",
+                code="invalid_value",
+                param="target",
+            )
         qs = qs.filter(target=target)
     if after:
         pk = (
-            TrainingJob.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+            TrainingJob.objects.filter(project=project, public_id=after)
+            .values_list("pk", flat=True)
+            .first()
             if _is_token(after)
             else None
         )
@@ -92,26 +100,35 @@ def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list
         prefix = f"ftevent-{job.public_id.removeprefix('ftjob-')}-"
         number = after.removeprefix(prefix)
         if not after.startswith(prefix) or not _is_number(number):
-            raise InvalidRequest(f"after: '{after}' is not an event of this job.", code="invalid_value",
-                                 param="after")
+            raise InvalidRequest(
+                f"after: '{after}' is not an event of this job.",
+                code="invalid_value",
+                param="after",
+            )
         qs = qs.filter(number__gt=int(number))
     return _page(qs.order_by("number"), limit)
 
 
 def file_get(*, project: Project, file_id: str) -> TrainingFile:
     found = (
-        TrainingFile.objects.filter(project=project, public_id=file_id).first() if _is_token(file_id) else None
+        TrainingFile.objects.filter(project=project, public_id=file_id).first()
+        if _is_token(file_id)
+        else None
     )
     if found is None:
         raise NotFound(f"No file '{file_id}'.", code="file_not_found")
     return found
 
 
-def file_list(*, project: Project, after: str | None, limit: int) -> tuple[list[TrainingFile], bool]:
+def file_list(
+    *, project: Project, after: str | None, limit: int
+) -> tuple[list[TrainingFile], bool]:
     qs = TrainingFile.objects.filter(project=project)
     if after:
         pk = (
-            TrainingFile.objects.filter(project=project, public_id=after).values_list("pk", flat=True).first()
+            TrainingFile.objects.filter(project=project, public_id=after)
+            .values_list("pk", flat=True)
+            .first()
             if _is_token(after)
             else None
         )
@@ -143,7 +160,11 @@ def credential_list(*, project: Project) -> list[ProviderCredential]:
 
 
 def credential_get(*, project: Project, credential_id: str) -> ProviderCredential:
-    found = project.credentials.filter(pk=int(credential_id)).first() if _is_number(credential_id) else None
+    found = (
+        project.credentials.filter(pk=int(credential_id)).first()
+        if _is_number(credential_id)
+        else None
+    )
     if found is None:
         raise NotFound(f"No credential '{credential_id}'.", code="credential_not_found")
     return found

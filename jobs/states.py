@@ -25,7 +25,9 @@ S = JobStatus
 TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 LIVE: frozenset[JobStatus] = frozenset(set(S) - TERMINAL)
 # Statuses in which an attempt may be holding a machine.
-ATTEMPT_ACTIVE: frozenset[JobStatus] = frozenset({S.PROVISIONING, S.RUNNING, S.FINALIZING, S.CANCELLING})
+ATTEMPT_ACTIVE: frozenset[JobStatus] = frozenset(
+    {S.PROVISIONING, S.RUNNING, S.FINALIZING, S.CANCELLING}
+)
 
 # to-status -> the statuses it may be entered from
 ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
@@ -36,7 +38,8 @@ ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
     S.SUCCEEDED: frozenset({S.FINALIZING}),
     S.FAILED: LIVE,
     S.CANCELLING: LIVE - {S.CANCELLING},
-    S.CANCELLED: frozenset({S.CANCELLING}),
+    # validating_files holds no machine, so it can be cancelled at once.
+    S.CANCELLED: frozenset({S.CANCELLING, S.VALIDATING_FILES}),
     S.VALIDATING_FILES: frozenset(),
 }
 

@@ -57,7 +57,9 @@ def _isolated_storage(settings, tmp_path: Path) -> None:
 @pytest.fixture
 def make_user(db, django_user_model) -> Callable[..., object]:
     def make(username: str = "alice", **extra: object) -> object:
-        return django_user_model.objects.create_user(username=username, password="pw-unused", **extra)
+        return django_user_model.objects.create_user(
+            username=username, password="pw-unused", **extra
+        )
 
     return make
 
@@ -105,7 +107,9 @@ def make_file(db, project, user):
 
     def make(content: bytes | None = None, *, proj=None, validate: bool = True):
         body = DEMO_DATASET_PATH.read_bytes() if content is None else content
-        record = file_create(project=proj or project, user=user, filename="data.jsonl", chunks=[body])
+        record = file_create(
+            project=proj or project, user=user, filename="data.jsonl", chunks=[body]
+        )
         if validate:
             file_validate(file_pk=record.pk)
             record.refresh_from_db()
@@ -121,7 +125,11 @@ def make_job(db, project, user, make_file):
 
     def make(proj=None, **fields):
         proj = proj or project
-        data = {"model": "acme/tiny-llama", "training_file": make_file(proj=proj).public_id, **fields}
+        data = {
+            "model": "acme/tiny-llama",
+            "training_file": make_file(proj=proj).public_id,
+            **fields,
+        }
         job, _ = job_create(project=proj, user=user, data=data)
         return job
 

@@ -42,7 +42,11 @@ def running(
         for name, argv in commands.items():
             log = (log_dir / f"{name}.log").open("ab")
             procs[name] = subprocess.Popen(  # noqa: S603 (argv built by this module)
-                argv, env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                argv,
+                env={**os.environ, **env},
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         yield
@@ -58,10 +62,34 @@ def running(
 
 
 def web_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "trainhub.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
-            "--access-logfile", "-"]
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "trainhub.wsgi",
+        "-b",
+        f"127.0.0.1:{port}",
+        "-w",
+        "2",
+        "--access-logfile",
+        "-",
+    ]
 
 
 def worker_command() -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", "default", "-c", "1",
-            "-l", "info", "--without-gossip", "--without-mingle"]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "trainhub",
+        "worker",
+        "-Q",
+        "default",
+        "-c",
+        "1",
+        "-l",
+        "info",
+        "--without-gossip",
+        "--without-mingle",
+    ]

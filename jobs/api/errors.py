@@ -12,7 +12,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from jobs.errors import ServiceError
 
 
-def error_body(message: str, *, type: str, code: str | None = None, param: str | None = None) -> dict:
+def error_body(
+    message: str, *, type: str, code: str | None = None, param: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -57,7 +59,9 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
 
 
 def json_404(request: Any, exception: Exception | None = None) -> JsonResponse:
-    return JsonResponse(error_body("Not found.", type="not_found_error", code="not_found"), status=404)
+    return JsonResponse(
+        error_body("Not found.", type="not_found_error", code="not_found"), status=404
+    )
 
 
 def json_500(request: Any) -> JsonResponse:

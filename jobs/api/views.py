@@ -66,8 +66,9 @@ def _body(request: Request) -> dict:
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
     bad = _nul_at(request.data)
     if bad:
-        raise InvalidRequest(f"{bad} must not contain NUL (\\u0000) characters.", code="invalid_value",
-                             param=bad)
+        raise InvalidRequest(
+            f"{bad} must not contain NUL (\\u0000) characters.", code="invalid_value", param=bad
+        )
     return dict(request.data)
 
 
@@ -87,8 +88,9 @@ class FileListView(APIView):
     def post(self, request: Request) -> Response:
         upload = request.FILES.get("file")
         if upload is None:
-            raise InvalidRequest("Send the dataset as multipart field 'file'.", code="missing_file",
-                                 param="file")
+            raise InvalidRequest(
+                "Send the dataset as multipart field 'file'.", code="missing_file", param="file"
+            )
         record = file_services.file_create(
             project=request_project(request),
             user=request.user,
@@ -102,7 +104,9 @@ class FileListView(APIView):
 class FileDetailView(APIView):
     @extend_schema(responses=dict)
     def get(self, request: Request, file_id: str) -> Response:
-        return Response(p.file_json(selectors.file_get(project=request_project(request), file_id=file_id)))
+        return Response(
+            p.file_json(selectors.file_get(project=request_project(request), file_id=file_id))
+        )
 
     @extend_schema(responses=dict)
     def delete(self, request: Request, file_id: str) -> Response:
@@ -143,17 +147,23 @@ class JobListView(APIView):
             idempotency_key=request.headers.get("Idempotency-Key"),
         )
         job = selectors.job_get(project=job.project, job_id=job.public_id)
-        return Response(p.job_json(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            p.job_json(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
 
 
 class JobDetailView(APIView):
     @extend_schema(responses=dict)
     def get(self, request: Request, job_id: str) -> Response:
-        return Response(p.job_json(selectors.job_get(project=request_project(request), job_id=job_id)))
+        return Response(
+            p.job_json(selectors.job_get(project=request_project(request), job_id=job_id))
+        )
 
     @extend_schema(responses=dict)
     def delete(self, request: Request, job_id: str) -> Response:
-        job_services.job_delete(job=selectors.job_get(project=request_project(request), job_id=job_id))
+        job_services.job_delete(
+            job=selectors.job_get(project=request_project(request), job_id=job_id)
+        )
         return Response({"id": job_id, "object": "fine_tuning.job", "deleted": True})
 
 
@@ -190,7 +200,9 @@ class JobArtifactListView(APIView):
     @extend_schema(responses=dict)
     def get(self, request: Request, job_id: str) -> Response:
         job = selectors.job_get(project=request_project(request), job_id=job_id)
-        return Response(p.page_json([p.artifact_json(a) for a in selectors.artifact_list(job=job)], False))
+        return Response(
+            p.page_json([p.artifact_json(a) for a in selectors.artifact_list(job=job)], False)
+        )
 
 
 class ArtifactDownloadView(APIView):
@@ -220,8 +232,11 @@ class CredentialListView(APIView):
         body = _body(request)
         name = body.get("name") or "default"
         if not isinstance(name, str) or len(name) > 100:
-            raise InvalidRequest("name must be a string of at most 100 characters.", code="invalid_value",
-                                 param="name")
+            raise InvalidRequest(
+                "name must be a string of at most 100 characters.",
+                code="invalid_value",
+                param="name",
+            )
         credential = project_services.credential_create(
             project=request_project(request),
             provider=str(body.get("provider", "")),
@@ -234,5 +249,7 @@ class CredentialListView(APIView):
 class CredentialDetailView(APIView):
     @extend_schema(responses=dict)
     def delete(self, request: Request, credential_id: str) -> Response:
-        selectors.credential_get(project=request_project(request), credential_id=credential_id).delete()
+        selectors.credential_get(
+            project=request_project(request), credential_id=credential_id
+        ).delete()
         return Response({"id": credential_id, "object": "provider_credential", "deleted": True})

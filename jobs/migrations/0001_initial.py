@@ -9,7 +9,6 @@ import jobs.states
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -18,229 +17,563 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Project',
+            name="Project",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('slug', models.SlugField(max_length=100, unique=True)),
-                ('max_concurrent_jobs', models.PositiveIntegerField(default=10, help_text='Live (non-terminal) jobs allowed at once.')),
-                ('operator_credential_providers', models.JSONField(blank=True, default=list, help_text="Provider kinds this project may use with the operator's environment credentials.")),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("slug", models.SlugField(max_length=100, unique=True)),
+                (
+                    "max_concurrent_jobs",
+                    models.PositiveIntegerField(
+                        default=10, help_text="Live (non-terminal) jobs allowed at once."
+                    ),
+                ),
+                (
+                    "operator_credential_providers",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text="Provider kinds this project may use with the operator's environment credentials.",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('prefix', models.CharField(max_length=16, unique=True)),
-                ('key_sha256', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to='jobs.project')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("prefix", models.CharField(max_length=16, unique=True)),
+                ("key_sha256", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to="jobs.project",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='ProjectMembership',
+            name="ProjectMembership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('owner', 'Owner'), ('member', 'Member')], default='member', max_length=10)),
-                ('is_default', models.BooleanField(default=False, help_text='The project used when a request names none.')),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='jobs.project')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("owner", "Owner"), ("member", "Member")],
+                        default="member",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "is_default",
+                    models.BooleanField(
+                        default=False, help_text="The project used when a request names none."
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="jobs.project",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='project',
-            name='members',
-            field=models.ManyToManyField(related_name='projects', through='jobs.ProjectMembership', to=settings.AUTH_USER_MODEL),
+            model_name="project",
+            name="members",
+            field=models.ManyToManyField(
+                related_name="projects",
+                through="jobs.ProjectMembership",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.CreateModel(
-            name='ProviderCredential',
+            name="ProviderCredential",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('provider', models.CharField(max_length=32)),
-                ('name', models.CharField(max_length=100)),
-                ('secret_ciphertext', models.TextField()),
-                ('secret_fields', models.JSONField(default=list, help_text='Names of the stored secret fields.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='credentials', to='jobs.project')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("provider", models.CharField(max_length=32)),
+                ("name", models.CharField(max_length=100)),
+                ("secret_ciphertext", models.TextField()),
+                (
+                    "secret_fields",
+                    models.JSONField(default=list, help_text="Names of the stored secret fields."),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="credentials",
+                        to="jobs.project",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='TrainingFile',
+            name="TrainingFile",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=jobs.models.ids.new_file_id, editable=False, max_length=40, unique=True)),
-                ('purpose', models.CharField(default='fine-tune', max_length=32)),
-                ('filename', models.CharField(max_length=255)),
-                ('bytes', models.BigIntegerField(default=0)),
-                ('sha256', models.CharField(blank=True, max_length=64)),
-                ('storage_key', models.CharField(max_length=500)),
-                ('status', models.CharField(choices=[('uploaded', 'Uploaded'), ('processing', 'Processing'), ('processed', 'Processed'), ('error', 'Error')], default='uploaded', max_length=16)),
-                ('format', models.CharField(blank=True, max_length=32)),
-                ('example_count', models.PositiveIntegerField(default=0)),
-                ('token_estimate', models.BigIntegerField(default=0)),
-                ('errors', models.JSONField(blank=True, default=list, help_text='First 20 line-numbered errors.')),
-                ('error_count', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('processed_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='files', to='jobs.project')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "public_id",
+                    models.CharField(
+                        default=jobs.models.ids.new_file_id,
+                        editable=False,
+                        max_length=40,
+                        unique=True,
+                    ),
+                ),
+                ("purpose", models.CharField(default="fine-tune", max_length=32)),
+                ("filename", models.CharField(max_length=255)),
+                ("bytes", models.BigIntegerField(default=0)),
+                ("sha256", models.CharField(blank=True, max_length=64)),
+                ("storage_key", models.CharField(max_length=500)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("uploaded", "Uploaded"),
+                            ("processing", "Processing"),
+                            ("processed", "Processed"),
+                            ("error", "Error"),
+                        ],
+                        default="uploaded",
+                        max_length=16,
+                    ),
+                ),
+                ("format", models.CharField(blank=True, max_length=32)),
+                ("example_count", models.PositiveIntegerField(default=0)),
+                ("token_estimate", models.BigIntegerField(default=0)),
+                (
+                    "errors",
+                    models.JSONField(
+                        blank=True, default=list, help_text="First 20 line-numbered errors."
+                    ),
+                ),
+                ("error_count", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("processed_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="files",
+                        to="jobs.project",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='TrainingJob',
+            name="TrainingJob",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=jobs.models.ids.new_job_id, editable=False, max_length=40, unique=True)),
-                ('model', models.CharField(max_length=300)),
-                ('adapter', models.JSONField(help_text='spec.AdapterSpec as a dict, defaults filled in.')),
-                ('hyperparameters', models.JSONField(help_text='spec.Hyperparameters, defaults filled in.')),
-                ('seed', models.PositiveIntegerField(default=42)),
-                ('suffix', models.CharField(blank=True, max_length=64)),
-                ('target', models.CharField(max_length=32)),
-                ('max_runtime_seconds', models.PositiveIntegerField()),
-                ('max_attempts', models.PositiveSmallIntegerField(default=3)),
-                ('attempt_budget_start', models.PositiveSmallIntegerField(default=0)),
-                ('status', models.CharField(choices=[('validating_files', 'validating_files'), ('queued', 'queued'), ('provisioning', 'provisioning'), ('running', 'running'), ('finalizing', 'finalizing'), ('succeeded', 'succeeded'), ('failed', 'failed'), ('cancelling', 'cancelling'), ('cancelled', 'cancelled')], default=jobs.states.JobStatus['VALIDATING_FILES'], max_length=20)),
-                ('error_code', models.CharField(blank=True, max_length=32)),
-                ('error_message', models.TextField(blank=True)),
-                ('trained_tokens', models.BigIntegerField(blank=True, null=True)),
-                ('latest_metrics', models.JSONField(blank=True, default=dict)),
-                ('event_counter', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to='jobs.project')),
-                ('training_file', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='training_jobs', to='jobs.trainingfile')),
-                ('validation_file', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='validation_jobs', to='jobs.trainingfile')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "public_id",
+                    models.CharField(
+                        default=jobs.models.ids.new_job_id,
+                        editable=False,
+                        max_length=40,
+                        unique=True,
+                    ),
+                ),
+                ("model", models.CharField(max_length=300)),
+                (
+                    "adapter",
+                    models.JSONField(help_text="spec.AdapterSpec as a dict, defaults filled in."),
+                ),
+                (
+                    "hyperparameters",
+                    models.JSONField(help_text="spec.Hyperparameters, defaults filled in."),
+                ),
+                ("seed", models.PositiveIntegerField(default=42)),
+                ("suffix", models.CharField(blank=True, max_length=64)),
+                ("target", models.CharField(max_length=32)),
+                ("max_runtime_seconds", models.PositiveIntegerField()),
+                ("max_attempts", models.PositiveSmallIntegerField(default=3)),
+                ("attempt_budget_start", models.PositiveSmallIntegerField(default=0)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("validating_files", "validating_files"),
+                            ("queued", "queued"),
+                            ("provisioning", "provisioning"),
+                            ("running", "running"),
+                            ("finalizing", "finalizing"),
+                            ("succeeded", "succeeded"),
+                            ("failed", "failed"),
+                            ("cancelling", "cancelling"),
+                            ("cancelled", "cancelled"),
+                        ],
+                        default=jobs.states.JobStatus["VALIDATING_FILES"],
+                        max_length=20,
+                    ),
+                ),
+                ("error_code", models.CharField(blank=True, max_length=32)),
+                ("error_message", models.TextField(blank=True)),
+                ("trained_tokens", models.BigIntegerField(blank=True, null=True)),
+                ("latest_metrics", models.JSONField(blank=True, default=dict)),
+                ("event_counter", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="jobs",
+                        to="jobs.project",
+                    ),
+                ),
+                (
+                    "training_file",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="training_jobs",
+                        to="jobs.trainingfile",
+                    ),
+                ),
+                (
+                    "validation_file",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="validation_jobs",
+                        to="jobs.trainingfile",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='JobEvent',
+            name="JobEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveSmallIntegerField(default=0)),
-                ('seq', models.PositiveIntegerField()),
-                ('number', models.PositiveIntegerField()),
-                ('type', models.CharField(max_length=20)),
-                ('level', models.CharField(choices=[('debug', 'Debug'), ('info', 'Info'), ('warning', 'Warning'), ('error', 'Error')], default='info', max_length=10)),
-                ('message', models.TextField()),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.trainingjob')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("attempt", models.PositiveSmallIntegerField(default=0)),
+                ("seq", models.PositiveIntegerField()),
+                ("number", models.PositiveIntegerField()),
+                ("type", models.CharField(max_length=20)),
+                (
+                    "level",
+                    models.CharField(
+                        choices=[
+                            ("debug", "Debug"),
+                            ("info", "Info"),
+                            ("warning", "Warning"),
+                            ("error", "Error"),
+                        ],
+                        default="info",
+                        max_length=10,
+                    ),
+                ),
+                ("message", models.TextField()),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="jobs.trainingjob",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='JobAttempt',
+            name="JobAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveSmallIntegerField()),
-                ('target', models.CharField(max_length=32)),
-                ('provider_instance_id', models.CharField(blank=True, max_length=200)),
-                ('provider_job_id', models.CharField(blank=True, max_length=200)),
-                ('node_name', models.CharField(blank=True, max_length=200)),
-                ('ssh_host', models.CharField(blank=True, max_length=255)),
-                ('ssh_port', models.PositiveIntegerField(blank=True, null=True)),
-                ('ssh_host_key', models.TextField(blank=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('claimed_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('end_reason', models.CharField(blank=True, choices=[('succeeded', 'succeeded'), ('cancelled', 'cancelled'), ('worker_lost', 'worker_lost'), ('lease_expired', 'lease_expired'), ('no_capacity', 'no_capacity'), ('preempted', 'preempted'), ('invalid_dataset', 'invalid_dataset'), ('invalid_model', 'invalid_model'), ('oom', 'oom'), ('timeout', 'timeout'), ('download_failed', 'download_failed'), ('upload_failed', 'upload_failed'), ('artifact_corrupt', 'artifact_corrupt'), ('provider_error', 'provider_error'), ('internal_error', 'internal_error')], max_length=32)),
-                ('billed_rate_per_hour', models.DecimalField(blank=True, decimal_places=4, max_digits=10, null=True)),
-                ('cost', models.DecimalField(blank=True, decimal_places=4, max_digits=12, null=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempts', to='jobs.trainingjob')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveSmallIntegerField()),
+                ("target", models.CharField(max_length=32)),
+                ("provider_instance_id", models.CharField(blank=True, max_length=200)),
+                ("provider_job_id", models.CharField(blank=True, max_length=200)),
+                ("node_name", models.CharField(blank=True, max_length=200)),
+                ("ssh_host", models.CharField(blank=True, max_length=255)),
+                ("ssh_port", models.PositiveIntegerField(blank=True, null=True)),
+                ("ssh_host_key", models.TextField(blank=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "end_reason",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("succeeded", "succeeded"),
+                            ("cancelled", "cancelled"),
+                            ("worker_lost", "worker_lost"),
+                            ("lease_expired", "lease_expired"),
+                            ("no_capacity", "no_capacity"),
+                            ("preempted", "preempted"),
+                            ("invalid_dataset", "invalid_dataset"),
+                            ("invalid_model", "invalid_model"),
+                            ("oom", "oom"),
+                            ("timeout", "timeout"),
+                            ("download_failed", "download_failed"),
+                            ("upload_failed", "upload_failed"),
+                            ("artifact_corrupt", "artifact_corrupt"),
+                            ("provider_error", "provider_error"),
+                            ("internal_error", "internal_error"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                (
+                    "billed_rate_per_hour",
+                    models.DecimalField(blank=True, decimal_places=4, max_digits=10, null=True),
+                ),
+                (
+                    "cost",
+                    models.DecimalField(blank=True, decimal_places=4, max_digits=12, null=True),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempts",
+                        to="jobs.trainingjob",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='IdempotencyKey',
+            name="IdempotencyKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=255)),
-                ('request_sha256', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('project', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='jobs.project')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='jobs.trainingjob')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=255)),
+                ("request_sha256", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "project",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to="jobs.project"
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to="jobs.trainingjob"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Artifact',
+            name="Artifact",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=jobs.models.ids.new_artifact_id, editable=False, max_length=40, unique=True)),
-                ('kind', models.CharField(choices=[('adapter', 'Adapter'), ('checkpoint', 'Checkpoint'), ('logs', 'Logs')], max_length=16)),
-                ('storage_key', models.CharField(max_length=500)),
-                ('filename', models.CharField(max_length=255)),
-                ('size', models.BigIntegerField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('reported_sha256', models.CharField(blank=True, max_length=64)),
-                ('verified', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('attempt', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='artifacts', to='jobs.jobattempt')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='jobs.trainingjob')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "public_id",
+                    models.CharField(
+                        default=jobs.models.ids.new_artifact_id,
+                        editable=False,
+                        max_length=40,
+                        unique=True,
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("adapter", "Adapter"),
+                            ("checkpoint", "Checkpoint"),
+                            ("logs", "Logs"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("storage_key", models.CharField(max_length=500)),
+                ("filename", models.CharField(max_length=255)),
+                ("size", models.BigIntegerField()),
+                ("sha256", models.CharField(max_length=64)),
+                ("reported_sha256", models.CharField(blank=True, max_length=64)),
+                ("verified", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "attempt",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="artifacts",
+                        to="jobs.jobattempt",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="artifacts",
+                        to="jobs.trainingjob",
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='projectmembership',
-            constraint=models.UniqueConstraint(fields=('project', 'user'), name='uniq_membership'),
+            model_name="projectmembership",
+            constraint=models.UniqueConstraint(fields=("project", "user"), name="uniq_membership"),
         ),
         migrations.AddConstraint(
-            model_name='projectmembership',
-            constraint=models.UniqueConstraint(condition=models.Q(('is_default', True)), fields=('user',), name='one_default_project'),
+            model_name="projectmembership",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("is_default", True)),
+                fields=("user",),
+                name="one_default_project",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='providercredential',
-            constraint=models.UniqueConstraint(fields=('project', 'provider', 'name'), name='uniq_credential'),
+            model_name="providercredential",
+            constraint=models.UniqueConstraint(
+                fields=("project", "provider", "name"), name="uniq_credential"
+            ),
         ),
         migrations.AddIndex(
-            model_name='trainingfile',
-            index=models.Index(fields=['project', '-id'], name='file_project_recent'),
+            model_name="trainingfile",
+            index=models.Index(fields=["project", "-id"], name="file_project_recent"),
         ),
         migrations.AddIndex(
-            model_name='trainingjob',
-            index=models.Index(fields=['project', '-id'], name='job_project_recent'),
+            model_name="trainingjob",
+            index=models.Index(fields=["project", "-id"], name="job_project_recent"),
         ),
         migrations.AddIndex(
-            model_name='trainingjob',
-            index=models.Index(fields=['project', 'status', '-id'], name='job_project_status'),
+            model_name="trainingjob",
+            index=models.Index(fields=["project", "status", "-id"], name="job_project_status"),
         ),
         migrations.AddIndex(
-            model_name='trainingjob',
-            index=models.Index(fields=['project', 'target', '-id'], name='job_project_target'),
+            model_name="trainingjob",
+            index=models.Index(fields=["project", "target", "-id"], name="job_project_target"),
         ),
         migrations.AddIndex(
-            model_name='trainingjob',
-            index=models.Index(fields=['status', 'id'], name='job_status_queue'),
+            model_name="trainingjob",
+            index=models.Index(fields=["status", "id"], name="job_status_queue"),
         ),
         migrations.AddConstraint(
-            model_name='jobevent',
-            constraint=models.UniqueConstraint(fields=('job', 'attempt', 'seq'), name='uniq_event_seq'),
+            model_name="jobevent",
+            constraint=models.UniqueConstraint(
+                fields=("job", "attempt", "seq"), name="uniq_event_seq"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='jobevent',
-            constraint=models.UniqueConstraint(fields=('job', 'number'), name='uniq_event_number'),
+            model_name="jobevent",
+            constraint=models.UniqueConstraint(fields=("job", "number"), name="uniq_event_number"),
         ),
         migrations.AddIndex(
-            model_name='jobattempt',
-            index=models.Index(condition=models.Q(('ended_at__isnull', True)), fields=['lease_expires_at'], name='attempt_live_lease'),
+            model_name="jobattempt",
+            index=models.Index(
+                condition=models.Q(("ended_at__isnull", True)),
+                fields=["lease_expires_at"],
+                name="attempt_live_lease",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='jobattempt',
-            constraint=models.UniqueConstraint(fields=('job', 'number'), name='uniq_attempt_number'),
+            model_name="jobattempt",
+            constraint=models.UniqueConstraint(
+                fields=("job", "number"), name="uniq_attempt_number"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='jobattempt',
-            constraint=models.UniqueConstraint(condition=models.Q(('ended_at__isnull', True)), fields=('job',), name='one_live_attempt'),
+            model_name="jobattempt",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("ended_at__isnull", True)),
+                fields=("job",),
+                name="one_live_attempt",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='idempotencykey',
-            constraint=models.UniqueConstraint(fields=('project', 'key'), name='uniq_idempotency_key'),
+            model_name="idempotencykey",
+            constraint=models.UniqueConstraint(
+                fields=("project", "key"), name="uniq_idempotency_key"
+            ),
         ),
     ]

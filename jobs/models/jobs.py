@@ -32,7 +32,9 @@ class TrainingJob(models.Model):
     # Attempts numbered above this count against max_attempts; a manual retry moves it up.
     attempt_budget_start = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(
-        max_length=20, choices=[(s.value, s.value) for s in JobStatus], default=JobStatus.VALIDATING_FILES
+        max_length=20,
+        choices=[(s.value, s.value) for s in JobStatus],
+        default=JobStatus.VALIDATING_FILES,
     )
     error_code = models.CharField(max_length=32, blank=True)
     error_message = models.TextField(blank=True)
@@ -81,7 +83,9 @@ class JobAttempt(models.Model):
     end_reason = models.CharField(
         max_length=32, blank=True, choices=[(r.value, r.value) for r in EndReason]
     )
-    billed_rate_per_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    billed_rate_per_hour = models.DecimalField(
+        max_digits=10, decimal_places=4, null=True, blank=True
+    )
     cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
 
     class Meta:
@@ -140,9 +144,13 @@ class Artifact(models.Model):
         CHECKPOINT = "checkpoint"
         LOGS = "logs"
 
-    public_id = models.CharField(max_length=40, unique=True, default=new_artifact_id, editable=False)
+    public_id = models.CharField(
+        max_length=40, unique=True, default=new_artifact_id, editable=False
+    )
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="artifacts")
-    attempt = models.ForeignKey(JobAttempt, null=True, on_delete=models.SET_NULL, related_name="artifacts")
+    attempt = models.ForeignKey(
+        JobAttempt, null=True, on_delete=models.SET_NULL, related_name="artifacts"
+    )
     kind = models.CharField(max_length=16, choices=Kind.choices)
     storage_key = models.CharField(max_length=500)
     filename = models.CharField(max_length=255)
@@ -166,7 +174,9 @@ class IdempotencyKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["project", "key"], name="uniq_idempotency_key")]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "key"], name="uniq_idempotency_key")
+        ]
 
     def __str__(self) -> str:
         return f"{self.key} -> job {self.job_id}"

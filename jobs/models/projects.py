@@ -53,7 +53,9 @@ class ProjectMembership(models.Model):
 class ApiKey(models.Model):
     """A bearer key. Only ``prefix`` (for lookup and display) and a SHA-256 of the key are kept."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)

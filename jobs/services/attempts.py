@@ -41,7 +41,9 @@ def attempt_start(*, job: TrainingJob, target: str, node_name: str = "") -> JobA
     """Create the next attempt and move the job queued → provisioning, in one transaction."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-        number = (job.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+        number = (
+            job.attempts.order_by("-number").values_list("number", flat=True).first() or 0
+        ) + 1
         moved = job_transition(
             job=job,
             to=S.PROVISIONING,
@@ -51,7 +53,11 @@ def attempt_start(*, job: TrainingJob, target: str, node_name: str = "") -> JobA
         if not moved:  # already provisioning: another dispatcher (or a redelivery) got here first
             raise InvalidTransition(job.status, S.PROVISIONING)
         return JobAttempt.objects.create(
-            job=job, number=number, target=target, node_name=node_name, lease_expires_at=_lease_deadline()
+            job=job,
+            number=number,
+            target=target,
+            node_name=node_name,
+            lease_expires_at=_lease_deadline(),
         )
 
 
@@ -87,7 +93,9 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
                 )
             else:
                 suffix = f" after {used} attempt(s)" if reason.retryable else ""
-                job_transition(job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}")
+                job_transition(
+                    job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}"
+                )
     if attempt.provider_instance_id:
         transaction.on_commit(lambda: _send_stop(attempt.job_id))
     return True
@@ -129,9 +137,13 @@ def attempts_stop(*, job_pk: int) -> None:
         adapter = _adapter(attempt.target)
         if adapter is None:
             continue
-        adapter.cancel(Handle(instance_id=attempt.provider_instance_id, name=_machine_name(attempt)))
+        adapter.cancel(
+            Handle(instance_id=attempt.provider_instance_id, name=_machine_name(attempt))
+        )
         if attempt.ended_at is None:
-            attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message="stopped at the provider")
+            attempt_end(
+                attempt=attempt, reason=EndReason.CANCELLED, message="stopped at the provider"
+            )
 
 
 def attempt_renew_lease(*, attempt: JobAttempt) -> None:
@@ -190,7 +202,9 @@ def _apply_reported_status(attempt: JobAttempt, status: object, data: dict, mess
         JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
         job_transition(job=job, to=S.RUNNING, message="Training started.")
     elif status == "succeeded" and job.status == S.RUNNING:
-        job_transition(job=job, to=S.FINALIZING, message="Training finished; verifying the adapter.")
+        job_transition(
+            job=job, to=S.FINALIZING, message="Training finished; verifying the adapter."
+        )
         reported = str(data.get("sha256", ""))
         transaction.on_commit(lambda: _send_ingest(attempt.pk, reported))
     elif status == "failed":
@@ -242,7 +256,9 @@ def attempt_launch(*, job_pk: int) -> JobAttempt | None:
         handle = adapter.launch(request)
     except Exception as exc:  # provider adapters map their errors in a later capability
         log.warning("launch of %s failed: %s", request.name, exc)
-        attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=f"launch failed: {exc}")
+        attempt_end(
+            attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=f"launch failed: {exc}"
+        )
         return attempt
     JobAttempt.objects.filter(pk=attempt.pk).update(provider_instance_id=handle.instance_id)
     attempt.provider_instance_id = handle.instance_id
@@ -270,9 +286,13 @@ def attempts_poll_target(*, target: str) -> int:
     )
     if adapter is None or not live:
         return 0
-    states = adapter.poll([Handle(instance_id=a.provider_instance_id, name=_machine_name(a)) for a in live])
+    states = adapter.poll(
+        [Handle(instance_id=a.provider_instance_id, name=_machine_name(a)) for a in live]
+    )
     for attempt in live:
-        state = states.get(attempt.provider_instance_id, RemoteState(RemoteStatus.LOST, "not found"))
+        state = states.get(
+            attempt.provider_instance_id, RemoteState(RemoteStatus.LOST, "not found")
+        )
         _apply_remote_state(attempt, state)
     return len(live)
 

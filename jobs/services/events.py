@@ -13,7 +13,9 @@ from jobs.models import JobEvent, TrainingJob
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPES = frozenset({"status", "log", "metrics", "checkpoint", "artifact", "error", "heartbeat"})
+EVENT_TYPES = frozenset(
+    {"status", "log", "metrics", "checkpoint", "artifact", "error", "heartbeat"}
+)
 LEVELS = frozenset(JobEvent.Level.values)
 MAX_MESSAGE_CHARS = 4000
 METRIC_KEYS = ("step", "total_steps", "epoch", "loss", "lr", "tokens_per_second", "grad_norm")
@@ -70,7 +72,9 @@ def clean_executor_event(raw: object) -> dict[str, Any] | None:
     }
 
 
-def events_store(*, job: TrainingJob, attempt: int, events: Iterable[dict[str, Any]]) -> list[JobEvent]:
+def events_store(
+    *, job: TrainingJob, attempt: int, events: Iterable[dict[str, Any]]
+) -> list[JobEvent]:
     """Store cleaned executor events once each; returns the newly stored ones in order."""
     batch = {e["seq"]: e for e in events}
     if not batch:
@@ -87,7 +91,8 @@ def events_store(*, job: TrainingJob, attempt: int, events: Iterable[dict[str, A
             return []
         first = _reserve_numbers(job.pk, len(fresh))
         rows = [
-            JobEvent(job_id=job.pk, attempt=attempt, number=first + i, **e) for i, e in enumerate(fresh)
+            JobEvent(job_id=job.pk, attempt=attempt, number=first + i, **e)
+            for i, e in enumerate(fresh)
         ]
         JobEvent.objects.bulk_create(rows)
         metrics = [e["data"] for e in fresh if e["type"] == "metrics"]

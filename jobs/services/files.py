@@ -43,7 +43,9 @@ def file_create(
         stored = storage.save_stream(key, chunks, max_bytes=settings.TRAINHUB_MAX_UPLOAD_BYTES)
     except storage.TooLarge as exc:
         raise InvalidRequest(
-            f"The file is larger than the {exc.limit} byte limit.", code="file_too_large", param="file"
+            f"The file is larger than the {exc.limit} byte limit.",
+            code="file_too_large",
+            param="file",
         ) from None
     if stored.size == 0:
         storage.delete(key)
@@ -87,8 +89,11 @@ def file_validate(*, file_pk: int) -> TrainingFile | None:
     except FileNotFoundError:
         report = None
     if report is None:
-        fields = {"status": S.ERROR, "errors": [{"line": 0, "message": "stored file is missing"}],
-                  "error_count": 1}
+        fields = {
+            "status": S.ERROR,
+            "errors": [{"line": 0, "message": "stored file is missing"}],
+            "error_count": 1,
+        }
     else:
         fields = {
             "status": S.PROCESSED if report.ok else S.ERROR,
@@ -115,11 +120,13 @@ def file_delete(*, record: TrainingFile) -> None:
     ) | TrainingJob.objects.filter(status__in=LIVE, validation_file=record)
     if in_use.exists():
         raise Conflict(
-            f"File {record.public_id} is used by a live job; cancel the job first.", code="file_in_use"
+            f"File {record.public_id} is used by a live job; cancel the job first.",
+            code="file_in_use",
         )
-    if TrainingJob.objects.filter(training_file=record).exists() or TrainingJob.objects.filter(
-        validation_file=record
-    ).exists():
+    if (
+        TrainingJob.objects.filter(training_file=record).exists()
+        or TrainingJob.objects.filter(validation_file=record).exists()
+    ):
         raise Conflict(
             f"File {record.public_id} is referenced by finished jobs; delete those jobs first.",
             code="file_in_use",

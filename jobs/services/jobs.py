@@ -75,7 +75,11 @@ def job_transition(
             type="status",
             level="error" if to == S.FAILED else "info",
             message=message or f"Job is {to}.",
-            data={"status": str(to), **({"code": error_code} if error_code else {}), **(data or {})},
+            data={
+                "status": str(to),
+                **({"code": error_code} if error_code else {}),
+                **(data or {}),
+            },
         )
         for name, value in fields.items():
             setattr(job, name, value)
@@ -105,7 +109,9 @@ def _int_field(data: Mapping[str, Any], name: str, default: int, low: int, high:
     if value is None:
         return default
     if not isinstance(value, int) or isinstance(value, bool):
-        raise _param_error(f"{name} must be an integer (got {type(value).__name__}).", name, "invalid_type")
+        raise _param_error(
+            f"{name} must be an integer (got {type(value).__name__}).", name, "invalid_type"
+        )
     if not low <= value <= high:
         raise _param_error(f"{name} must be between {low} and {high} (got {value}).", name)
     return value
@@ -125,7 +131,9 @@ def _project_file(project: Project, file_id: object, param: str) -> TrainingFile
     if found is None:
         raise _param_error(f"No file '{file_id}' in this project.", param, "file_not_found")
     if found.purpose != "fine-tune":
-        raise _param_error(f"File '{file_id}' has purpose '{found.purpose}', not 'fine-tune'.", param)
+        raise _param_error(
+            f"File '{file_id}' has purpose '{found.purpose}', not 'fine-tune'.", param
+        )
     if found.status == TrainingFile.Status.ERROR:
         raise _param_error(
             f"File '{file_id}' failed validation ({found.error_count} errors); fix it and upload again.",
@@ -150,7 +158,10 @@ def _check_target(project: Project, name: object) -> str:
     kind = entry.credential_kind
     if kind and not (
         project.credentials.filter(provider=kind).exists()
-        or (kind in project.operator_credential_providers and os.environ.get(f"{kind.upper()}_API_KEY"))
+        or (
+            kind in project.operator_credential_providers
+            and os.environ.get(f"{kind.upper()}_API_KEY")
+        )
     ):
         raise _param_error(
             f"target '{entry.name}' needs a '{kind}' credential in this project "
@@ -254,8 +265,12 @@ def job_create(
                 IdempotencyKey.objects.create(
                     project=project, key=idempotency_key, request_sha256=request_hash, job=job
                 )
-            event_append(job=job, type="status", message="Job created; validating files.",
-                         data={"status": str(S.VALIDATING_FILES)})
+            event_append(
+                job=job,
+                type="status",
+                message="Job created; validating files.",
+                data={"status": str(S.VALIDATING_FILES)},
+            )
             job_advance_validation(job=job)
     except IntegrityError:
         if idempotency_key:  # a concurrent request with the same key won the race
@@ -309,6 +324,11 @@ def job_cancel(*, job: TrainingJob) -> TrainingJob:
 
     if job.status in TERMINAL:
         raise Conflict(f"Job {job.public_id} is already {job.status}.", code="job_not_cancellable")
+    if job.status == S.VALIDATING_FILES:
+        job_transition(
+            job=job, to=S.CANCELLED, message="Job cancelled before its files were validated."
+        )
+        return job
     with transaction.atomic():
         job_transition(job=job, to=S.CANCELLING, message="Cancellation requested.")
         attempt = attempt_live(job=job)
@@ -339,6 +359,7 @@ def job_retry(*, job: TrainingJob) -> TrainingJob:
 def job_delete(*, job: TrainingJob) -> None:
     if job.status not in TERMINAL:
         raise Conflict(
-            f"Job {job.public_id} is {job.status}; cancel it before deleting.", code="job_not_terminal"
+            f"Job {job.public_id} is {job.status}; cancel it before deleting.",
+            code="job_not_terminal",
         )
     job.delete()

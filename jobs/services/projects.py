@@ -43,7 +43,9 @@ def project_create(*, name: str, owner: AbstractBaseUser, default: bool = False)
 def project_default_for_user(*, user: AbstractBaseUser) -> Project:
     """The user's default project, created on first use."""
     membership = (
-        ProjectMembership.objects.select_related("project").filter(user=user, is_default=True).first()
+        ProjectMembership.objects.select_related("project")
+        .filter(user=user, is_default=True)
+        .first()
     )
     if membership:
         return membership.project
@@ -127,7 +129,9 @@ def credential_create(
             param="secrets",
         )
     try:
-        with transaction.atomic():  # a savepoint, so a duplicate leaves the caller's transaction usable
+        with (
+            transaction.atomic()
+        ):  # a savepoint, so a duplicate leaves the caller's transaction usable
             return ProviderCredential.objects.create(
                 project=project,
                 provider=provider,
@@ -137,7 +141,9 @@ def credential_create(
             )
     except IntegrityError:
         raise Conflict(
-            f"A {provider} credential named '{name}' already exists.", code="duplicate", param="name"
+            f"A {provider} credential named '{name}' already exists.",
+            code="duplicate",
+            param="name",
         ) from None
 
 

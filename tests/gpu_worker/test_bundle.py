@@ -1,4 +1,5 @@
 import hashlib
+import itertools
 import io
 import tarfile
 from pathlib import Path
@@ -21,11 +22,13 @@ def _bundle(tmp: Path, files: dict[str, bytes]) -> bytes:
 
 def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 def test_manifest_comes_first_and_lists_every_file(tmp_path: Path) -> None:
-    data = _bundle(tmp_path, {"adapter_model.safetensors": b"w" * 5000, "cfg/adapter_config.json": b"{}"})
+    data = _bundle(
+        tmp_path, {"adapter_model.safetensors": b"w" * 5000, "cfg/adapter_config.json": b"{}"}
+    )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = tar.getnames()
     assert names[0] == MANIFEST
@@ -35,7 +38,9 @@ def test_manifest_comes_first_and_lists_every_file(tmp_path: Path) -> None:
     assert verified.size == len(data)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     contents=st.lists(st.binary(min_size=0, max_size=4096), min_size=1, max_size=4),
     cuts=st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=12),

