@@ -1,6 +1,6 @@
 import hashlib
-import itertools
 import io
+import itertools
 import tarfile
 from pathlib import Path
 
