@@ -44,6 +44,26 @@ def _page(qs: QuerySet, limit: int) -> tuple[list, bool]:
     return rows[:limit], len(rows) > limit
 
 
+def _newest_first_page(
+    qs: QuerySet, *, project: Project, after: str | None, limit: int, noun: str
+) -> tuple[list, bool]:
+    """Newest first; ``after`` is the public id of the last row of the previous page."""
+    if after:
+        pk = (
+            qs.model.objects.filter(project=project, public_id=after)
+            .values_list("pk", flat=True)
+            .first()
+            if _is_token(after)
+            else None
+        )
+        if pk is None:
+            raise InvalidRequest(
+                f"after: no {noun} '{after}'.", code="invalid_value", param="after"
+            )
+        qs = qs.filter(pk__lt=pk)
+    return _page(qs.order_by("-pk"), limit)
+
+
 def job_get(*, project: Project, job_id: str) -> TrainingJob:
     job = (
         TrainingJob.objects.select_related("project", "training_file", "validation_file")
@@ -79,18 +99,7 @@ def job_list(
                 param="target",
             )
         qs = qs.filter(target=target)
-    if after:
-        pk = (
-            TrainingJob.objects.filter(project=project, public_id=after)
-            .values_list("pk", flat=True)
-            .first()
-            if _is_token(after)
-            else None
-        )
-        if pk is None:
-            raise InvalidRequest(f"after: no job '{after}'.", code="invalid_value", param="after")
-        qs = qs.filter(pk__lt=pk)
-    return _page(qs.order_by("-pk"), limit)
+    return _newest_first_page(qs, project=project, after=after, limit=limit, noun="job")
 
 
 def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
@@ -124,18 +133,7 @@ def file_list(
     *, project: Project, after: str | None, limit: int
 ) -> tuple[list[TrainingFile], bool]:
     qs = TrainingFile.objects.filter(project=project)
-    if after:
-        pk = (
-            TrainingFile.objects.filter(project=project, public_id=after)
-            .values_list("pk", flat=True)
-            .first()
-            if _is_token(after)
-            else None
-        )
-        if pk is None:
-            raise InvalidRequest(f"after: no file '{after}'.", code="invalid_value", param="after")
-        qs = qs.filter(pk__lt=pk)
-    return _page(qs.order_by("-pk"), limit)
+    return _newest_first_page(qs, project=project, after=after, limit=limit, noun="file")
 
 
 def artifact_list(*, job: TrainingJob) -> list[Artifact]:
