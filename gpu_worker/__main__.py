@@ -1,0 +1,170 @@
+"""Command line of the executor.
+
+    python -m gpu_worker run SPEC.json [--workdir DIR] [--cancel-file PATH]
+                                       [--checkpoint-every-steps N] [--checkpoint-every-seconds S]
+    python -m gpu_worker make-tiny-model DIR [--seed N]
+
+``run`` trains one attempt (gpu_worker.train.run), reporting through the sinks the spec's
+``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
+3 cancelled, 4 timeout (gpu_worker.errors). The last stdout line is a JSON summary
+(``status, reason, message, sha256, size``) for wrappers that cannot read the events.
+
+Stopping: SIGTERM or SIGINT, or the appearance of ``--cancel-file``, stops training within one
+optimizer step, removes the working files and exits 3. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+from gpu_worker.errors import EXIT_USAGE, Cancelled
+
+log = logging.getLogger("gpu_worker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_worker", description=__doc__.split("\n\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one training attempt from a job spec (JSON file)")
+    run.add_argument("spec", type=Path, help="the job spec, a JSON file ('-' reads stdin)")
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="scratch directory (default: a new temporary directory, removed afterwards; "
+        "$TRAINHUB_WORKDIR chooses where)",
+    )
+    run.add_argument("--cancel-file", type=Path, default=None, help="stop when this file appears")
+    run.add_argument("--checkpoint-every-steps", type=int, default=None, metavar="N")
+    run.add_argument(
+        "--checkpoint-every-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="also checkpoint after S seconds without one (0: by steps only)",
+    )
+
+    tiny = sub.add_parser("make-tiny-model", help="build the tiny offline test model into DIR")
+    tiny.add_argument("dir", type=Path)
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _load_spec(path: Path):  # type: ignore[no-untyped-def]
+    from gpu_worker.spec import SpecError, parse_job_spec
+
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+        return parse_job_spec(json.loads(text))
+    except (OSError, ValueError) as exc:  # SpecError and JSONDecodeError are ValueErrors
+        detail = exc.message if isinstance(exc, SpecError) else str(exc)
+        print(f"error: cannot use the job spec {path}: {detail}", file=sys.stderr)
+        return None
+
+
+class _StopFlag:
+    """SIGTERM/SIGINT and the cancel file, as the should_stop() that run() polls."""
+
+    def __init__(self, cancel_file: Path | None) -> None:
+        self.cancel_file = cancel_file
+        self.event = threading.Event()
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.event.is_set():
+            raise Cancelled(f"{signal.Signals(signum).name} received again; stopping now.")
+        log.warning("%s received: stopping after the current step", signal.Signals(signum).name)
+        self.event.set()
+
+    def __call__(self) -> bool:
+        if not self.event.is_set() and self.cancel_file is not None and self.cancel_file.exists():
+            log.warning("cancel file %s found: stopping after the current step", self.cancel_file)
+            self.event.set()
+        return self.event.is_set()
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.spec)
+    if spec is None:
+        return EXIT_USAGE
+    # Before transformers/peft are imported anywhere in this process (Unsloth must come first).
+    from gpu_worker import backends
+
+    backends.select_backend()
+    from gpu_worker import train
+    from gpu_worker.report import Reporter
+
+    try:
+        reporter = Reporter.from_spec(spec)
+    except ValueError as exc:
+        print(f"error: invalid report settings in the job spec: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    flag = _StopFlag(args.cancel_file)
+    previous = {sig: signal.signal(sig, flag.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    own_workdir = args.workdir is None
+    workdir = (
+        Path(tempfile.mkdtemp(prefix="trainhub-", dir=os.environ.get("TRAINHUB_WORKDIR")))
+        if own_workdir
+        else args.workdir
+    )
+    every_steps = args.checkpoint_every_steps or train.DEFAULT_CHECKPOINT_EVERY_STEPS
+    every_seconds = args.checkpoint_every_seconds
+    if every_seconds is None:
+        every_seconds = train.DEFAULT_CHECKPOINT_EVERY_SECONDS
+    try:
+        with reporter:
+            result = train.run(
+                spec,
+                reporter=reporter,
+                workdir=workdir,
+                should_stop=flag,
+                checkpoint_every_steps=every_steps,
+                checkpoint_every_seconds=every_seconds if every_seconds > 0 else None,
+            )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    summary = {
+        "status": result.status,
+        "reason": result.reason,
+        "message": result.message,
+        "sha256": result.bundle_sha256,
+        "size": result.bundle_size,
+    }
+    print(json.dumps(summary), flush=True)
+    return result.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "make-tiny-model":
+        from gpu_worker.tiny_model import build_tiny_model
+
+        out = build_tiny_model(args.dir, seed=args.seed)
+        print(out)
+        return 0
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

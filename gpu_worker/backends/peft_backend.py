@@ -1,0 +1,75 @@
+"""transformers + peft: the backend for CPUs, and for GPUs without Unsloth.
+
+qlora loads the base in 4-bit NF4 through bitsandbytes (which also runs on CPU) and prepares
+it for k-bit training; lora and dora load it in full precision (fp32 on CPU, bf16/fp16 on GPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpu_worker.backends import hub_token, model_load_error
+from gpu_worker.errors import INVALID_MODEL, ExecutorError
+from gpu_worker.spec import ALL_LINEAR
+
+if TYPE_CHECKING:
+    from gpu_worker.spec import JobSpec
+
+
+def _dtype() -> Any:
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def target_modules(spec: JobSpec) -> str | list[str]:
+    modules = spec.adapter.target_modules
+    return ALL_LINEAR if modules == (ALL_LINEAR,) else list(modules)
+
+
+def load(spec: JobSpec) -> tuple[Any, Any]:
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    adapter = spec.adapter
+    token = hub_token(spec)
+    dtype = _dtype()
+    kwargs: dict[str, Any] = {"dtype": dtype, "token": token}
+    if adapter.type == "qlora":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=True,
+        )
+        # A quantized model cannot be moved after loading, so place it now.
+        kwargs["device_map"] = {"": 0} if torch.cuda.is_available() else "cpu"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.model, token=token)
+        model = AutoModelForCausalLM.from_pretrained(spec.model, **kwargs)
+    except Exception as exc:
+        raise model_load_error(spec, exc) from exc
+
+    if adapter.type == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = LoraConfig(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=target_modules(spec),
+        use_dora=adapter.type == "dora",
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as exc:  # e.g. "Target modules {...} not found in the base model"
+        raise ExecutorError(
+            INVALID_MODEL,
+            f"cannot attach a {adapter.type} adapter to {spec.model!r}: {exc}. Set "
+            'adapter.target_modules to module names this model has, or "all-linear"',
+        ) from exc
+    return model, tokenizer

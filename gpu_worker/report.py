@@ -1,0 +1,669 @@
+"""Progress reporting from the executor to the control plane (no Django here).
+
+One :class:`Reporter` per attempt numbers every event it creates (``seq`` 0, 1, 2, ...) and
+delivers them to one or more sinks, chosen by the spec's ``report`` block:
+
+* ``celery``: ``trainhub.record_events(job_id, attempt, events)`` messages (GPU nodes). The broker
+  URL comes from the constructor or ``CELERY_BROKER_URL``, never from the spec: a broker URL may
+  hold a password and the spec is written into provider job inputs and logs.
+* ``jsonl``: one JSON line per event appended to a file, which the control plane tails over SSH.
+* ``runpod``: ``runpod.serverless.progress_update`` with a rolling window of the latest events
+  (RunPod keeps only the latest progress output).
+
+Delivery is at-least-once: an event stays in a sink's backlog until that sink's ``send``
+returned, so a failed batch is re-sent (identical, the ``seq`` is fixed at creation) and the
+control plane drops duplicates keyed on ``(attempt, seq)``. Each sink has its own backlog, so a
+dead broker does not hold back the JSON-lines file.
+
+Event shape (what ``jobs.services.events.clean_executor_event`` accepts)::
+
+    {"seq": 7, "type": "metrics", "level": "info", "message": "step 7/100 loss=1.234",
+     "data": {"step": 7, "total_steps": 100, "loss": 1.234}, "ts": 1767225600.123}
+
+When events are sent: status, error, checkpoint and artifact events at once; otherwise when 50
+events have accumulated, every ``flush_interval`` seconds and every heartbeat (background
+thread, started by :meth:`Reporter.start`), and on :meth:`Reporter.flush` / :meth:`Reporter.close`.
+Metrics are throttled to one event per ``metrics_interval``: values reported in between are
+merged (latest wins) and sent with the next metrics event or flush.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpu_worker import celery_conf
+
+if TYPE_CHECKING:
+    from gpu_worker.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = frozenset(
+    {"status", "log", "metrics", "checkpoint", "artifact", "error", "heartbeat"}
+)
+LEVELS = ("debug", "info", "warning", "error")
+_LEVEL_ALIASES = {"warn": "warning", "critical": "error", "fatal": "error", "exception": "error"}
+# The control plane stores at most this much of a message (jobs.services.events.MAX_MESSAGE_CHARS).
+MAX_MESSAGE_CHARS = 4000
+BATCH_SIZE = 50  # pending events that trigger a send
+MAX_SEND_EVENTS = 200  # events per sink.send call (a long outage's backlog goes out in chunks)
+RUNPOD_WINDOW = 200  # events carried by each RunPod progress update
+DEFAULT_JSONL_PATH = "events.jsonl"
+# Immediate events sent while a sink is failing would stall training on every call; a failed sink
+# is retried by those only after this backoff (doubling), while flush()/heartbeat/close always try.
+_BACKOFF_START = 1.0
+_BACKOFF_MAX = 30.0
+_IMMEDIATE_TYPES = frozenset({"status", "error", "checkpoint", "artifact"})
+
+
+class Sink(Protocol):
+    """Where events go. ``send`` delivers a batch or raises; a batch that raised is re-sent
+    (possibly merged with later events) on the next flush, so sending twice must be harmless."""
+
+    def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None: ...
+
+
+# --- sinks ----------------------------------------------------------------------------------
+
+
+class MemorySink:
+    """Keeps every delivered event in ``events`` (tests, debugging)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, int, list[dict[str, Any]]]] = []
+
+    def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
+        self.calls.append((job_id, attempt, list(events)))
+        self.events.extend(events)
+
+
+class JsonlSink:
+    """Appends one JSON object per line: ``{"job_id", "attempt", **event}``.
+
+    The control plane tails the file over SSH; ``job_id``/``attempt`` make every line
+    self-describing when a later attempt appends to the same file. Each batch is fsynced so a
+    line the reader saw survives a crash. A torn last line (crash mid-write) is terminated
+    before the next batch, so it cannot swallow the next event; readers skip unparsable lines.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
+        lines = "".join(
+            json.dumps({"job_id": job_id, "attempt": attempt, **e}, separators=(",", ":")) + "\n"
+            for e in events
+        ).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                lines = b"\n" + lines
+            view = memoryview(lines)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"JsonlSink({str(self.path)!r})"
+
+
+class CelerySink:
+    """Sends ``trainhub.record_events(job_id, attempt, events)`` to the control plane's queue.
+
+    Publishing is not retried by Celery/kombu (a dead broker raises within about
+    ``connect_timeout``); the reporter keeps the batch and re-sends it, which is the retry.
+    """
+
+    def __init__(
+        self,
+        broker_url: str | None = None,
+        *,
+        queue: str = celery_conf.DEFAULT_QUEUE,
+        connect_timeout: float = 3.0,
+    ) -> None:
+        url = broker_url or os.environ.get("CELERY_BROKER_URL", "")
+        if not url:
+            raise ValueError(
+                "the celery report sink needs a broker: set CELERY_BROKER_URL in the executor's "
+                "environment (it is never read from the job spec)"
+            )
+        self._broker_url = url
+        self.queue = queue
+        self._connect_timeout = connect_timeout
+        self._app: Any = None
+        self._app_lock = threading.Lock()
+
+    def _celery(self) -> Any:
+        with self._app_lock:
+            if self._app is None:
+                from celery import Celery  # lazy: RunPod/SSH executors need not import Celery
+
+                config = celery_conf.base_config(self._broker_url)
+                transport = dict(config["broker_transport_options"])  # type: ignore[call-overload]
+                # kombu's own reconnect loop (2 s, 4 s, ...) and redis-py's retries would hold
+                # the training thread for seconds per attempt; the reporter re-sends instead.
+                transport.update(
+                    max_retries=0,
+                    socket_connect_timeout=self._connect_timeout,
+                    socket_timeout=max(self._connect_timeout, 10.0),
+                )
+                config.update(
+                    # Celery lets the CELERY_BROKER_URL environment variable override broker_url;
+                    # publishing reads broker_write_url first, so this URL is the one used.
+                    broker_write_url=self._broker_url,
+                    broker_transport_options=transport,
+                    broker_connection_timeout=self._connect_timeout,
+                    broker_connection_retry_on_startup=False,
+                )
+                app = Celery("trainhub-executor-report", set_as_current=False)
+                app.conf.update(config)
+                self._app = app
+            return self._app
+
+    def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
+        self._celery().send_task(
+            celery_conf.RECORD_EVENTS,
+            args=[job_id, attempt, events],
+            queue=self.queue,
+            retry=False,
+            ignore_result=True,
+        )
+
+    def close(self) -> None:
+        with self._app_lock:
+            if self._app is not None:
+                self._app.close()
+                self._app = None
+
+    def __repr__(self) -> str:  # never show the URL: it may hold a password
+        return f"CelerySink(queue={self.queue!r})"
+
+
+class RunpodSink:
+    """``runpod.serverless.progress_update(job, {"attempt", "events"})`` with the latest
+    ``window`` events: RunPod keeps only the latest progress output, so every update carries
+    a rolling window and the control plane, polling ``/status``, dedupes by ``seq``.
+
+    ``progress_update`` posts from a background thread and never raises, so this sink never
+    reports a failure; the handler's final output carries the window again.
+    """
+
+    def __init__(self, job: Mapping[str, Any], *, window: int = RUNPOD_WINDOW) -> None:
+        self.job = job
+        self._window: collections.deque[dict[str, Any]] = collections.deque(maxlen=window)
+        self._lock = threading.Lock()
+
+    def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
+        import runpod.serverless  # lazy: heavy, and only present on RunPod workers
+
+        with self._lock:
+            self._window.extend(events)
+            progress = {"attempt": attempt, "events": list(self._window)}
+        runpod.serverless.progress_update(dict(self.job), progress)
+
+    def window(self) -> list[dict[str, Any]]:
+        """The latest events sent (oldest first)."""
+        with self._lock:
+            return list(self._window)
+
+
+# --- reporter -------------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-safe copy: non-finite floats become None (PostgreSQL jsonb rejects NaN), numpy/
+    torch scalars their Python value, unknown objects their str()."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return _jsonable(item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+def _format_metric(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _metrics_message(values: Mapping[str, Any]) -> str:
+    parts = []
+    if "step" in values:
+        total = values.get("total_steps")
+        parts.append(f"step {values['step']}" + (f"/{total}" if total is not None else ""))
+    parts += [
+        f"{k}={_format_metric(v)}" for k, v in values.items() if k not in ("step", "total_steps")
+    ]
+    return " ".join(parts)
+
+
+class _Channel:
+    """One sink and the events it has not confirmed yet (only touched under the flush lock)."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.backlog: collections.deque[dict[str, Any]] = collections.deque()
+        self.failures = 0
+        self.retry_at = 0.0
+
+
+class Reporter:
+    """Numbers, batches and delivers one attempt's events to its sinks (thread-safe).
+
+    Use as a context manager (or call :meth:`start` / :meth:`close`): ``start`` runs the
+    heartbeat thread, which emits a ``heartbeat`` event every ``heartbeat_interval`` seconds
+    (the control plane renews the attempt's lease on every batch) and sends pending events
+    every ``flush_interval`` seconds. ``close`` stops it and makes a final delivery, retrying
+    failed sinks for at most ``close_timeout`` seconds so a dead sink cannot hang the exit.
+    ``clock`` drives metrics throttling and send backoff (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        sinks: list[Sink],
+        metrics_interval: float = 1.0,
+        heartbeat_interval: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        flush_interval: float = 5.0,
+        close_timeout: float = 5.0,
+    ) -> None:
+        if not sinks:
+            raise ValueError("a Reporter needs at least one sink")
+        if heartbeat_interval <= 0 or flush_interval <= 0 or metrics_interval < 0:
+            raise ValueError("heartbeat/flush intervals must be > 0 and metrics_interval >= 0")
+        self.job_id = job_id
+        self.attempt = attempt
+        self.sinks = list(sinks)
+        self.metrics_interval = metrics_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.flush_interval = flush_interval
+        self.close_timeout = close_timeout
+        self._clock = clock
+        self._channels = [_Channel(s) for s in self.sinks]
+        self._lock = threading.Lock()  # seq, buffer, pending metrics
+        self._flush_lock = threading.Lock()  # one delivery at a time, so sinks see seq order
+        self._seq = 0
+        self._buffer: list[dict[str, Any]] = []
+        self._pending_metrics: dict[str, Any] | None = None
+        self._last_metrics_at: float | None = None
+        self._flush_requested = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # --- construction from the spec ---------------------------------------------------------
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, *, runpod_job: Mapping[str, Any] | None = None) -> Reporter:
+        """Build the reporter the spec's ``report`` block asks for::
+
+            {"sinks": [{"type": "celery"} | {"type": "jsonl", "path": "..."} | {"type": "runpod"}],
+             "heartbeat_seconds": 30, "metrics_interval_seconds": 1}
+
+        No sinks configured: a JSON-lines file ``./events.jsonl`` (a hand-started
+        ``python -m gpu_worker run`` leaves a readable trace). With ``runpod_job`` (the RunPod
+        handler's job) a RunPod sink is always included, and replaces that default.
+        Raises ValueError for an unknown sink type or a malformed value.
+        """
+        report = spec.report or {}
+        if not isinstance(report, Mapping):
+            raise ValueError("report must be an object")
+        configs = report.get("sinks") or []
+        if not isinstance(configs, list):
+            raise ValueError('report.sinks must be a list such as [{"type": "jsonl", "path": ...}]')
+        sinks: list[Sink] = []
+        for i, cfg in enumerate(configs):
+            sinks.append(_sink_from_config(cfg, f"report.sinks[{i}]", runpod_job))
+        if runpod_job is not None and not any(isinstance(s, RunpodSink) for s in sinks):
+            sinks.append(RunpodSink(runpod_job))
+        if not sinks:
+            sinks.append(JsonlSink(DEFAULT_JSONL_PATH))
+        return cls(
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            sinks=sinks,
+            heartbeat_interval=_seconds(report, "heartbeat_seconds", 30.0, minimum_exclusive=0),
+            metrics_interval=_seconds(
+                report, "metrics_interval_seconds", 1.0, minimum_exclusive=None
+            ),
+        )
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the heartbeat/flush thread (idempotent)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(
+                target=self._background, name=f"reporter-{self.job_id}-{self.attempt}", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the background thread and deliver everything still pending (bounded time)."""
+        self._closed = True
+        self._stop.set()
+        deadline = time.monotonic() + self.close_timeout
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        done = threading.Event()
+
+        def final() -> None:
+            try:
+                while True:
+                    self._deliver(wait=True, force=True)
+                    if self._all_delivered() or time.monotonic() >= deadline:
+                        return
+                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            except Exception:  # never let reporting break the caller's shutdown
+                log.exception("final event delivery failed")
+            finally:
+                done.set()
+
+        # A sink that hangs (not just raises) must not hang the exit: deliver from a daemon
+        # thread and stop waiting at the deadline.
+        threading.Thread(target=final, name="reporter-close", daemon=True).start()
+        done.wait(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+        if not self._all_delivered():
+            lost = {repr(c.sink): len(c.backlog) for c in self._channels if c.backlog}
+            log.warning(
+                "gave up delivering events after %.1f s; undelivered per sink: %s",
+                self.close_timeout,
+                lost,
+            )
+        for channel in self._channels:
+            closer = getattr(channel.sink, "close", None)
+            if callable(closer):
+                try:
+                    closer()
+                except Exception:
+                    log.warning("closing %r failed", channel.sink, exc_info=True)
+
+    def __enter__(self) -> Reporter:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- events -----------------------------------------------------------------------------
+
+    def status(self, status: str, message: str = "", **data: Any) -> None:
+        """A status report (``running``, ``succeeded`` with ``sha256``, ``failed`` with
+        ``code``, ``cancelled``); sent at once."""
+        self._emit("status", message, {"status": status, **data}, "info")
+
+    def error(self, code: str, message: str, **data: Any) -> None:
+        """A failure with its typed reason (an EndReason value such as ``oom``); sent at once."""
+        self._emit("error", message, {"code": code, **data}, "error")
+
+    def log(self, message: str, level: str = "info", **data: Any) -> None:
+        self._emit("log", message, data, _level(level))
+
+    def metrics(self, **values: Any) -> None:
+        """Training metrics (step, total_steps, epoch, loss, lr, tokens_per_second, grad_norm,
+        ...). At most one event per ``metrics_interval``; values in between are merged."""
+        now = self._clock()
+        with self._lock:
+            if self._pending_metrics is None:
+                self._pending_metrics = dict(values)
+            else:
+                self._pending_metrics.update(values)
+            if (
+                self._last_metrics_at is not None
+                and now - self._last_metrics_at < self.metrics_interval
+            ):
+                return
+            self._take_metrics_locked(now)
+            full = len(self._buffer) >= BATCH_SIZE
+        if full:
+            self._deliver(wait=False, force=False)
+
+    def checkpoint(self, step: int, **data: Any) -> None:
+        self._emit(
+            "checkpoint", f"Checkpoint saved at step {step}.", {"step": step, **data}, "info"
+        )
+
+    def artifact(self, manifest: dict[str, Any], sha256: str, size: int) -> None:
+        self._emit(
+            "artifact",
+            f"Adapter bundle uploaded ({size} bytes, sha256 {sha256}).",
+            {"manifest": manifest, "sha256": sha256, "size": size},
+            "info",
+        )
+
+    def heartbeat(self) -> None:
+        """Emit a heartbeat and send everything pending (the background thread calls this)."""
+        self._emit("heartbeat", "", {}, "debug", send=False)
+        self._deliver(wait=True, force=True)
+
+    def flush(self) -> None:
+        """Deliver every unconfirmed event (pending metrics included) to every sink now; a sink
+        that raises keeps its backlog for the next flush. Never raises for a sink failure."""
+        self._deliver(wait=True, force=True)
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _emit(
+        self,
+        type_: str,
+        message: str,
+        data: Mapping[str, Any],
+        level: str,
+        *,
+        send: bool | None = None,
+    ) -> None:
+        event = {
+            "type": type_,
+            "level": level,
+            "message": str(message)[:MAX_MESSAGE_CHARS],
+            "data": _jsonable(data),
+            "ts": time.time(),
+        }
+        with self._lock:
+            self._append_locked(event)
+            full = len(self._buffer) >= BATCH_SIZE
+        if send is None:
+            send = full or type_ in _IMMEDIATE_TYPES or self._closed
+        if send:
+            # An immediate event goes out before the caller continues (a caller about to exit
+            # relies on it), unless another thread is delivering right now: that thread sends
+            # it (see _deliver) and the training thread does not wait on a slow sink.
+            self._deliver(wait=False, force=type_ in _IMMEDIATE_TYPES)
+
+    def _append_locked(self, event: dict[str, Any]) -> None:
+        self._buffer.append({"seq": self._seq, **event})
+        self._seq += 1
+
+    def _take_metrics_locked(self, now: float) -> None:
+        values = self._pending_metrics
+        if not values:
+            return
+        self._pending_metrics = None
+        self._last_metrics_at = now
+        data = _jsonable(values)
+        self._append_locked(
+            {
+                "type": "metrics",
+                "level": "info",
+                "message": _metrics_message(data)[:MAX_MESSAGE_CHARS],
+                "data": data,
+                "ts": time.time(),
+            }
+        )
+
+    def _deliver(self, *, wait: bool, force: bool) -> None:
+        with self._lock:
+            self._flush_requested = True
+        while True:
+            if not self._flush_lock.acquire(blocking=wait):
+                return  # the thread holding it re-checks _flush_requested before leaving
+            try:
+                self._deliver_locked(force)
+            finally:
+                self._flush_lock.release()
+            with self._lock:
+                if not self._flush_requested:
+                    return
+            wait = False  # events arrived meanwhile; go again unless someone else already is
+
+    def _deliver_locked(self, force: bool) -> None:
+        with self._lock:
+            self._flush_requested = False
+            now = self._clock()
+            # Batch-size and periodic sends keep the metrics throttle; flush()/heartbeat/close
+            # and immediate events (a final status wants the latest metrics before it) do not.
+            last = self._last_metrics_at
+            if force or last is None or now - last >= self.metrics_interval:
+                self._take_metrics_locked(now)
+            batch, self._buffer = self._buffer, []
+        for channel in self._channels:
+            channel.backlog.extend(batch)
+        now = self._clock()
+        for channel in self._channels:
+            if not channel.backlog or (not force and now < channel.retry_at):
+                continue
+            try:
+                while channel.backlog:
+                    chunk = [
+                        channel.backlog[i]
+                        for i in range(min(MAX_SEND_EVENTS, len(channel.backlog)))
+                    ]
+                    channel.sink.send(self.job_id, self.attempt, chunk)
+                    for _ in chunk:
+                        channel.backlog.popleft()
+            except Exception as err:
+                channel.failures += 1
+                delay = min(_BACKOFF_MAX, _BACKOFF_START * 2 ** (channel.failures - 1))
+                channel.retry_at = self._clock() + delay
+                # First failure loud, repeats quiet: a broker outage must not flood the log.
+                log.log(
+                    logging.WARNING if channel.failures == 1 else logging.DEBUG,
+                    "sending %d event(s) to %r failed (%s: %s); kept for retry",
+                    len(channel.backlog),
+                    channel.sink,
+                    type(err).__name__,
+                    err,
+                )
+            else:
+                if channel.failures:
+                    log.info(
+                        "%r delivers again after %d failure(s)", channel.sink, channel.failures
+                    )
+                channel.failures = 0
+                channel.retry_at = 0.0
+
+    def _all_delivered(self) -> bool:
+        with self._lock:
+            if self._buffer or self._pending_metrics:
+                return False
+        return all(not c.backlog for c in self._channels)
+
+    def _background(self) -> None:
+        next_beat = time.monotonic() + self.heartbeat_interval
+        next_flush = time.monotonic() + self.flush_interval
+        while True:
+            timeout = max(0.0, min(next_beat, next_flush) - time.monotonic())
+            if self._stop.wait(timeout):
+                return
+            now = time.monotonic()
+            try:
+                if now >= next_beat:
+                    self.heartbeat()
+                    next_beat = now + self.heartbeat_interval
+                    next_flush = now + self.flush_interval
+                elif now >= next_flush:
+                    with self._lock:
+                        idle = not self._buffer and not self._pending_metrics
+                    if not idle or any(c.backlog for c in self._channels):
+                        self._deliver(wait=True, force=False)
+                    next_flush = now + self.flush_interval
+            except Exception:  # the thread must survive anything a sink does
+                log.exception("reporter background delivery failed")
+
+
+def _level(level: str) -> str:
+    norm = str(level).lower()
+    norm = _LEVEL_ALIASES.get(norm, norm)
+    if norm not in LEVELS:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+    return norm
+
+
+def _seconds(
+    report: Mapping[str, Any], key: str, default: float, *, minimum_exclusive: float | None
+) -> float:
+    value = report.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"report.{key} must be a number of seconds (got {value!r})")
+    if value < 0 or (minimum_exclusive is not None and value <= minimum_exclusive):
+        bound = f"> {minimum_exclusive}" if minimum_exclusive is not None else ">= 0"
+        raise ValueError(f"report.{key} must be {bound} (got {value!r})")
+    return float(value)
+
+
+_SINK_TYPES = ("celery", "jsonl", "runpod")
+
+
+def _sink_from_config(cfg: object, where: str, runpod_job: Mapping[str, Any] | None) -> Sink:
+    if not isinstance(cfg, Mapping) or not isinstance(cfg.get("type"), str):
+        raise ValueError(f'{where} must be an object with a "type" ({", ".join(_SINK_TYPES)})')
+    kind = cfg["type"]
+    if kind == "celery":
+        if "broker_url" in cfg:
+            raise ValueError(
+                f"{where}.broker_url is not accepted: the executor reads CELERY_BROKER_URL from "
+                "its environment (a broker URL may hold a password; the spec is not secret)"
+            )
+        queue = cfg.get("queue", celery_conf.DEFAULT_QUEUE)
+        if not isinstance(queue, str) or not queue:
+            raise ValueError(f"{where}.queue must be a queue name")
+        return CelerySink(queue=queue)
+    if kind == "jsonl":
+        path = cfg.get("path", DEFAULT_JSONL_PATH)
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"{where}.path must be a file path")
+        return JsonlSink(path)
+    if kind == "runpod":
+        if runpod_job is None:
+            raise ValueError(f"{where}: the runpod sink works only inside the RunPod handler")
+        return RunpodSink(runpod_job)
+    raise ValueError(
+        f"{where}.type {kind!r} is not a known sink type; use one of {', '.join(_SINK_TYPES)}"
+    )

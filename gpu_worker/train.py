@@ -1,0 +1,649 @@
+"""One training attempt, start to finish: ``run(spec, reporter=..., workdir=...)``.
+
+The same function serves every launcher (``python -m gpu_worker run``, the GPU node's Celery
+task, the RunPod handler, SSH). Steps:
+
+1. choose the backend (before transformers/peft are imported), seed everything;
+2. download the dataset (and validation dataset), verifying sha256 while streaming;
+3. load model + tokenizer and attach the adapter (backends.load);
+4. tokenize (gpu_worker.formatting): loss on assistant/response tokens, truncation;
+5. train with ``transformers.Trainer`` and ONE callback that reports metrics, checks for a
+   stop request after every optimizer step, and uploads a checkpoint every N steps / T seconds
+   to the checkpoint slot (latest only); with ``outputs.resume_url`` training continues from that
+   checkpoint (global step, optimizer, scheduler, RNG) instead of from zero;
+6. package the adapter bundle (gpu_worker.bundle), PUT it, report its sha256.
+
+Every outcome is returned as a :class:`RunResult` and reported as the final ``status`` event;
+run() does not raise for training failures. The working directory of the attempt is removed
+whatever happens (checkpoints already uploaded stay in the checkpoint slot).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpu_worker import backends, checkpoints, transfer
+from gpu_worker.bundle import FORMAT_VERSION, BundleError, write_bundle
+from gpu_worker.datasets import DatasetError, detect_format, iter_examples
+from gpu_worker.errors import (
+    CANCELLED,
+    INTERNAL_ERROR,
+    INVALID_DATASET,
+    OOM,
+    TIMEOUT,
+    Cancelled,
+    ExecutorError,
+    exit_code,
+)
+from gpu_worker.formatting import (
+    FormatError,
+    FormatStats,
+    PadCollator,
+    encode_examples,
+    pad_token_id,
+)
+
+if TYPE_CHECKING:
+    from gpu_worker.report import Reporter
+    from gpu_worker.spec import DatasetRef, JobSpec
+
+log = logging.getLogger(__name__)
+
+# Checkpoint to the slot every this many optimizer steps or seconds, whichever comes first.
+# Not part of the spec: how often to checkpoint is the executor's trade-off (upload cost vs
+# work lost on preemption), overridable per run (run() arguments, CLI flags).
+DEFAULT_CHECKPOINT_EVERY_STEPS = 200
+DEFAULT_CHECKPOINT_EVERY_SECONDS = 900.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How an attempt ended.
+
+    ``status``: succeeded | failed | cancelled. ``reason``: an EndReason value (``oom``,
+    ``timeout``, ``cancelled``...; "" on success). For a success, the bundle's sha256, size and
+    manifest (``{"format", "files": [{path, size, sha256}]}``), and the metrics (metrics.json).
+    """
+
+    status: str
+    reason: str = ""
+    message: str = ""
+    bundle_sha256: str = ""
+    bundle_size: int = 0
+    manifest: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.status, self.reason)
+
+
+class _Stop:
+    """Answers "should training stop, and why" (cancel request or max_runtime); sticky."""
+
+    def __init__(self, should_stop: Callable[[], bool] | None, max_runtime: float) -> None:
+        self._should_stop = should_stop
+        self.max_runtime = max_runtime
+        self.started = time.monotonic()
+        self.deadline = self.started + max_runtime
+        self.reason: str | None = None
+
+    def check(self) -> str | None:
+        if self.reason is None:
+            try:
+                cancelled = bool(self._should_stop and self._should_stop())
+            except Exception:  # a broken probe must not kill a training run
+                log.exception("should_stop() raised; treated as not stopping")
+                cancelled = False
+            if cancelled:
+                self.reason = CANCELLED
+            elif time.monotonic() >= self.deadline:
+                self.reason = TIMEOUT
+        return self.reason
+
+    def raise_if_stopped(self, where: str, step: int | None = None) -> None:
+        reason = self.check()
+        if reason == CANCELLED:
+            raise Cancelled(f"Cancelled {where}.")
+        if reason == TIMEOUT:
+            at = f" at step {step}" if step is not None else f" {where}"
+            raise ExecutorError(
+                TIMEOUT,
+                f"max_runtime_seconds={int(self.max_runtime)} ran out{at}; raise "
+                "max_runtime_seconds or shorten the job (fewer epochs or examples, smaller "
+                "max_seq_length)",
+            )
+
+
+def run(
+    spec: JobSpec,
+    *,
+    reporter: Reporter,
+    workdir: Path,
+    should_stop: Callable[[], bool] | None = None,
+    callbacks: Sequence[Any] = (),
+    checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS,
+    checkpoint_every_seconds: float | None = DEFAULT_CHECKPOINT_EVERY_SECONDS,
+) -> RunResult:
+    """Run one attempt of ``spec``; report progress and the outcome through ``reporter``.
+
+    ``should_stop`` is polled after every optimizer step (and between download chunks): once it
+    returns True the run stops within one step, removes what it wrote and returns
+    ``cancelled``. ``callbacks`` are extra ``transformers.TrainerCallback`` objects (benchmarks,
+    tests). The caller owns the reporter's lifecycle (start/close).
+    """
+    stop = _Stop(should_stop, spec.max_runtime_seconds)
+    run_dir = Path(workdir) / f"{spec.job_id}-a{spec.attempt}"
+    try:
+        if run_dir.exists():  # a leftover of an earlier process with the same attempt
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        result = _run(
+            spec,
+            reporter=reporter,
+            run_dir=run_dir,
+            stop=stop,
+            callbacks=callbacks,
+            every_steps=checkpoint_every_steps,
+            every_seconds=checkpoint_every_seconds,
+        )
+    except Cancelled as exc:
+        result = RunResult("cancelled", CANCELLED, str(exc) or "Cancelled.")
+    except ExecutorError as exc:
+        result = RunResult("failed", exc.reason, exc.message)
+    except Exception as exc:
+        if backends.is_oom(exc):
+            result = RunResult("failed", OOM, f"out of memory: {exc}")
+        else:
+            log.exception("executor crashed")
+            reporter.log(traceback.format_exc()[-3500:], level="error")
+            result = RunResult("failed", INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    if result.status == "succeeded":
+        reporter.status(
+            "succeeded",
+            f"Training finished; adapter bundle uploaded ({result.bundle_size} bytes).",
+            sha256=result.bundle_sha256,
+            size=result.bundle_size,
+        )
+    elif result.status == "cancelled":
+        reporter.status("cancelled", result.message)
+    else:
+        reporter.status("failed", result.message, code=result.reason)
+    reporter.flush()
+    return result
+
+
+# --- the steps ------------------------------------------------------------------------------
+
+
+def _run(
+    spec: JobSpec,
+    *,
+    reporter: Reporter,
+    run_dir: Path,
+    stop: _Stop,
+    callbacks: Sequence[Any],
+    every_steps: int,
+    every_seconds: float | None,
+) -> RunResult:
+    backend = backends.select_backend()  # before anything imports transformers/peft
+    from transformers import set_seed
+
+    set_seed(spec.seed)
+    reporter.log(
+        f"Attempt {spec.attempt} of {spec.job_id}: {spec.adapter.type} on {spec.model} "
+        f"with the {backend} backend ({backends.backend_note()}).",
+        backend=backend,
+    )
+
+    records = _fetch_dataset(spec.dataset, run_dir / "data" / "train.jsonl", "training", stop)
+    eval_records = (
+        _fetch_dataset(
+            spec.validation_dataset, run_dir / "data" / "validation.jsonl", "validation", stop
+        )
+        if spec.validation_dataset is not None
+        else None
+    )
+    reporter.log(f"Downloaded the dataset: {len(records)} examples ({spec.dataset.format}).")
+    stop.raise_if_stopped("while downloading")
+
+    resume_dir, resume_step = _fetch_resume(spec, run_dir, reporter, stop)
+
+    model, tokenizer = backends.load(spec)
+    trainable, total = _param_counts(model)
+    reporter.log(
+        f"Loaded {spec.model}: {total:,} parameters, {trainable:,} trainable ({spec.adapter.type}, "
+        f"r={spec.adapter.r}).",
+        trainable_parameters=trainable,
+        total_parameters=total,
+    )
+    stop.raise_if_stopped("while loading the model")
+
+    max_len = _effective_max_len(spec, model, reporter)
+    train_examples, stats = _encode(records, spec.dataset, tokenizer, max_len, "training", reporter)
+    eval_examples = None
+    if eval_records is not None and spec.validation_dataset is not None:
+        eval_examples, _ = _encode(
+            eval_records, spec.validation_dataset, tokenizer, max_len, "validation", reporter
+        )
+
+    trainer, callback = _build_trainer(
+        spec,
+        model,
+        tokenizer,
+        train_examples,
+        eval_examples,
+        run_dir=run_dir,
+        reporter=reporter,
+        stop=stop,
+        extra_callbacks=callbacks,
+        checkpointer=checkpoints.Checkpointer(
+            url=spec.outputs.checkpoint_url,
+            scratch=run_dir,
+            reporter=reporter,
+            every_steps=every_steps,
+            every_seconds=every_seconds,
+            start_step=resume_step,
+        ),
+    )
+    reporter.status(
+        "running",
+        "Training started" + (f", resuming at step {resume_step}." if resume_dir else "."),
+        resumed_from_step=resume_step,
+    )
+    train_output = _train(trainer, spec, resume_dir)
+    step = trainer.state.global_step
+    if callback.stop_reason is not None:
+        stop.raise_if_stopped("during training", step=step)
+
+    metrics = _final_metrics(spec, backend, trainer, train_output, stats, callback, resume_step)
+    if metrics["first_loss"] is not None:
+        reporter.log(
+            f"Trained {step} steps: loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}.",
+            global_step=step,
+            train_loss=metrics["train_loss"],
+        )
+    stop.raise_if_stopped("before uploading the adapter", step=step)
+    tar, manifest, sha256, size = _package(spec, model, tokenizer, metrics, run_dir)
+    transfer.upload(
+        tar, spec.outputs.artifact_url, what="adapter bundle", content_type="application/x-tar"
+    )
+    reporter.artifact(manifest, sha256, size)
+    return RunResult(
+        "succeeded",
+        "",
+        "Training finished.",
+        bundle_sha256=sha256,
+        bundle_size=size,
+        manifest=manifest,
+        metrics=metrics,
+    )
+
+
+def _download(url: str, dest: Path, stop: _Stop, *, what: str, sha256: str | None = None) -> None:
+    try:
+        transfer.download(
+            url, dest, sha256=sha256, what=what, should_stop=lambda: stop.check() is not None
+        )
+    except Cancelled:
+        stop.raise_if_stopped(f"while downloading the {what}")  # cancel or timeout, whichever
+        raise
+
+
+def _fetch_dataset(ref: DatasetRef, dest: Path, what: str, stop: _Stop) -> list[dict[str, Any]]:
+    _download(ref.url, dest, stop, sha256=ref.sha256, what=f"{what} dataset")
+    records: list[dict[str, Any]] = []
+    try:
+        for record in iter_examples(dest):
+            if not records and detect_format(record) != ref.format:
+                raise ExecutorError(
+                    INVALID_DATASET,
+                    f"the {what} dataset is in the {detect_format(record)} format but the job "
+                    f"says {ref.format}; resubmit with the matching format",
+                )
+            records.append(record)
+    except DatasetError as exc:
+        where = f"line {exc.line}: " if exc.line is not None else ""
+        raise ExecutorError(
+            INVALID_DATASET,
+            f"{what} dataset {where}{exc.message}; fix the file and upload it again",
+        ) from exc
+    return records
+
+
+def _fetch_resume(
+    spec: JobSpec, run_dir: Path, reporter: Reporter, stop: _Stop
+) -> tuple[Path | None, int]:
+    url = spec.outputs.resume_url
+    if not url:
+        return None, 0
+    tar = run_dir / "resume.tar"
+    _download(url, tar, stop, what="checkpoint")
+    dest = run_dir / "resume"
+    try:
+        step = checkpoints.unpack(tar, dest)
+    except (BundleError, OSError, ValueError) as exc:
+        # A broken checkpoint would fail every later attempt too; starting over is the useful move.
+        reporter.log(
+            f"The checkpoint to resume from is unusable ({exc}); training from step 0.", "warning"
+        )
+        shutil.rmtree(dest, ignore_errors=True)
+        return None, 0
+    finally:
+        tar.unlink(missing_ok=True)
+    reporter.log(f"Resuming from the checkpoint at step {step}.", step=step)
+    return dest, step
+
+
+def _param_counts(model: Any) -> tuple[int, int]:
+    counter = getattr(model, "get_nb_trainable_parameters", None)
+    if callable(counter):
+        trainable, total = counter()
+        return int(trainable), int(total)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def _effective_max_len(spec: JobSpec, model: Any, reporter: Reporter) -> int:
+    wanted = spec.hyperparameters.max_seq_length
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and 0 < limit < wanted:
+        reporter.log(
+            f"max_seq_length {wanted} is above the model's {limit} positions; using {limit}.",
+            "warning",
+        )
+        return limit
+    return wanted
+
+
+def _encode(
+    records: list[dict[str, Any]],
+    ref: DatasetRef,
+    tokenizer: Any,
+    max_len: int,
+    what: str,
+    reporter: Reporter,
+) -> tuple[list[dict[str, list[int]]], FormatStats]:
+    try:
+        examples, stats = encode_examples(records, ref.format, tokenizer, max_len)
+    except FormatError as exc:
+        raise ExecutorError(INVALID_DATASET, f"{what} dataset {exc}") from exc
+    for warning in stats.warnings:
+        reporter.log(f"{what.capitalize()} data: {warning}.", "warning")
+    if stats.dropped:
+        reporter.log(
+            f"Dropped {stats.dropped} of {stats.examples} {what} examples with no trainable token "
+            f"left after truncation to {max_len} tokens (raise max_seq_length to keep them).",
+            "warning",
+            dropped=stats.dropped,
+        )
+    if not examples:
+        raise ExecutorError(
+            INVALID_DATASET,
+            f"no {what} example has a trainable token within max_seq_length={max_len}; raise "
+            "max_seq_length or shorten the prompts",
+        )
+    reporter.log(
+        f"{what.capitalize()} data: {stats.kept} examples, {stats.tokens} tokens "
+        f"({stats.trainable_tokens} trained), loss on {stats.loss_on}"
+        + (f", {stats.truncated} truncated to {max_len} tokens" if stats.truncated else "")
+        + ".",
+        examples=stats.kept,
+        tokens=stats.tokens,
+        truncated=stats.truncated,
+    )
+    return examples, stats
+
+
+# --- training -------------------------------------------------------------------------------
+
+
+def _make_callback(reporter: Reporter, stop: _Stop, checkpointer: checkpoints.Checkpointer) -> Any:
+    from transformers import TrainerCallback
+
+    class ExecutorCallback(TrainerCallback):  # type: ignore[misc]
+        """Progress metrics, stop requests and checkpoints: the one hook into the Trainer."""
+
+        def __init__(self) -> None:
+            self.stop_reason: str | None = None
+            self._t = time.monotonic()
+            self._tokens = 0
+            self.start_tokens = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            # After a resume the state already counts the earlier attempts' tokens.
+            self._t, self._tokens = time.monotonic(), state.num_input_tokens_seen
+            self.start_tokens = state.num_input_tokens_seen
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+            logs = logs or {}
+            if "loss" in logs:
+                now, tokens = time.monotonic(), state.num_input_tokens_seen
+                rate = (tokens - self._tokens) / (now - self._t) if now > self._t else 0.0
+                self._t, self._tokens = now, tokens
+                reporter.metrics(
+                    step=state.global_step,
+                    total_steps=state.max_steps,
+                    epoch=round(float(state.epoch or 0.0), 4),
+                    loss=float(logs["loss"]),
+                    lr=float(logs.get("learning_rate", 0.0)),
+                    grad_norm=_float(logs.get("grad_norm")),
+                    tokens_per_second=round(rate, 1),
+                    trained_tokens=int(tokens),
+                )
+            if "eval_loss" in logs:
+                reporter.log(
+                    f"Validation loss {logs['eval_loss']:.4f} at step {state.global_step}.",
+                    step=state.global_step,
+                    eval_loss=float(logs["eval_loss"]),
+                )
+
+        def _check_stop(self, control):  # type: ignore[no-untyped-def]
+            reason = stop.check()
+            if reason is not None:
+                self.stop_reason = reason
+                control.should_training_stop = True
+                control.should_save = False
+                control.should_evaluate = False
+            return reason
+
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            if self._check_stop(control) is None and checkpointer.due(
+                state.global_step, state.max_steps
+            ):
+                control.should_save = True
+            return control
+
+        def on_substep_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            self._check_stop(control)  # mid-accumulation: drop the partial step
+            return control
+
+        def on_epoch_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            self._check_stop(control)  # no end-of-epoch evaluation or save once stopping
+            return control
+
+        def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            checkpointer.ship(folder, state.global_step)
+            return control
+
+    return ExecutorCallback()
+
+
+def _rate(tokens: int, seconds: float | None) -> float | None:
+    return round(tokens / seconds, 1) if seconds else None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _build_trainer(
+    spec: JobSpec,
+    model: Any,
+    tokenizer: Any,
+    train_examples: list[dict[str, list[int]]],
+    eval_examples: list[dict[str, list[int]]] | None,
+    *,
+    run_dir: Path,
+    reporter: Reporter,
+    stop: _Stop,
+    extra_callbacks: Iterable[Any],
+    checkpointer: checkpoints.Checkpointer,
+) -> tuple[Any, Any]:
+    import torch
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    hp = spec.hyperparameters
+    args = TrainingArguments(
+        output_dir=str(run_dir / "trainer"),
+        per_device_train_batch_size=hp.batch_size,
+        per_device_eval_batch_size=hp.batch_size,
+        gradient_accumulation_steps=hp.gradient_accumulation_steps,
+        num_train_epochs=hp.n_epochs,
+        learning_rate=hp.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=hp.warmup_ratio,  # transformers 5: a float < 1 is a ratio of the total steps
+        logging_steps=1,
+        save_strategy="no",  # checkpoints are ours (ExecutorCallback -> _Checkpointer)
+        eval_strategy="epoch" if eval_examples else "no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        seed=spec.seed,
+        data_seed=spec.seed,
+        remove_unused_columns=False,
+        label_names=["labels"],
+        include_num_input_tokens_seen="non_padding",
+        gradient_checkpointing=False,  # Unsloth applies its own; the tiny/CPU case needs none
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **backends.precision(),
+    )
+    callback = _make_callback(reporter, stop, checkpointer)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_examples,  # a list is a map-style dataset
+        eval_dataset=eval_examples,
+        data_collator=PadCollator(pad_token_id(tokenizer)),
+        callbacks=[callback, *extra_callbacks],
+    )
+    # With tqdm off the Trainer prints every log dict to stdout; progress goes through the
+    # reporter instead (stdout stays clean for the CLI's JSON summary).
+    trainer.remove_callback(PrinterCallback)
+    return trainer, callback
+
+
+def _train(trainer: Any, spec: JobSpec, resume_dir: Path | None) -> Any:
+    try:
+        return trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+    except Exception as exc:
+        if not backends.is_oom(exc):
+            raise
+        hp = spec.hyperparameters
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ExecutorError(
+            OOM,
+            f"out of memory training with batch_size={hp.batch_size} and "
+            f"max_seq_length={hp.max_seq_length} (gradient_accumulation_steps="
+            f"{hp.gradient_accumulation_steps}): {first}. Lower batch_size (and raise "
+            "gradient_accumulation_steps to keep the effective batch size) or max_seq_length, "
+            "or use the qlora adapter type",
+        ) from exc
+
+
+def _final_metrics(
+    spec: JobSpec,
+    backend: str,
+    trainer: Any,
+    train_output: Any,
+    stats: FormatStats,
+    callback: Any,
+    resume_step: int,
+) -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+
+    state = trainer.state
+    history = [(e["step"], float(e["loss"])) for e in state.log_history if "loss" in e]
+    evals = [(e["step"], float(e["eval_loss"])) for e in state.log_history if "eval_loss" in e]
+    out = dict(train_output.metrics) if train_output is not None else {}
+    runtime = _float(out.get("train_runtime"))
+    metrics: dict[str, Any] = {
+        "job_id": spec.job_id,
+        "attempt": spec.attempt,
+        "model": spec.model,
+        "backend": backend,
+        "adapter": spec.adapter.to_dict(),
+        "hyperparameters": spec.hyperparameters.to_dict(),
+        "seed": spec.seed,
+        "dataset_format": spec.dataset.format,
+        "global_step": state.global_step,
+        "total_steps": state.max_steps,
+        "epochs": float(state.epoch or 0.0),
+        "resumed_from_step": resume_step,
+        "train_loss": _float(out.get("train_loss")),
+        "first_loss": history[0][1] if history else None,
+        "last_loss": history[-1][1] if history else None,
+        "eval_loss": evals[-1][1] if evals else None,
+        "loss_history": [{"step": s, "loss": v} for s, v in history],
+        "trained_tokens": int(state.num_input_tokens_seen),
+        "train_runtime_seconds": runtime,
+        "tokens_per_second": _rate(state.num_input_tokens_seen - callback.start_tokens, runtime),
+        "examples": stats.kept,
+        "dropped_examples": stats.dropped,
+        "truncated_examples": stats.truncated,
+        "loss_on": stats.loss_on,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+        },
+    }
+    if backend == "unsloth":
+        import unsloth
+
+        metrics["versions"]["unsloth"] = getattr(unsloth, "__version__", "unknown")
+    return metrics
+
+
+# --- packaging ------------------------------------------------------------------------------
+
+
+def _package(
+    spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, Any], run_dir: Path
+) -> tuple[Path, dict[str, Any], str, int]:
+    out = run_dir / "adapter"
+    out.mkdir()
+    model.save_pretrained(str(out))  # a PeftModel saves the adapter only (safetensors)
+    (out / "README.md").unlink(missing_ok=True)  # peft's auto-generated model card stub
+    config_path = out / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = spec.model  # not the executor's local cache path
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(str(out))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+
+    tar = run_dir / "adapter.tar"
+    with tar.open("wb") as fh:
+        files = write_bundle(out, fh)
+    manifest = {"format": FORMAT_VERSION, "files": [asdict(f) for f in files]}
+    return tar, manifest, checkpoints.file_sha256(tar), tar.stat().st_size
