@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shutil
-import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +37,6 @@ from gpu_worker.errors import (
     INTERNAL_ERROR,
     INVALID_DATASET,
     OOM,
-    TIMEOUT,
     Cancelled,
     ExecutorError,
     exit_code,
@@ -47,10 +44,9 @@ from gpu_worker.errors import (
 from gpu_worker.formatting import (
     FormatError,
     FormatStats,
-    PadCollator,
     encode_examples,
-    pad_token_id,
 )
+from gpu_worker.trainer import StopGuard, build_trainer, rate, to_float, train_with_oom_hint
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
@@ -87,43 +83,6 @@ class RunResult:
         return exit_code(self.status, self.reason)
 
 
-class _Stop:
-    """Answers "should training stop, and why" (cancel request or max_runtime); sticky."""
-
-    def __init__(self, should_stop: Callable[[], bool] | None, max_runtime: float) -> None:
-        self._should_stop = should_stop
-        self.max_runtime = max_runtime
-        self.started = time.monotonic()
-        self.deadline = self.started + max_runtime
-        self.reason: str | None = None
-
-    def check(self) -> str | None:
-        if self.reason is None:
-            try:
-                cancelled = bool(self._should_stop and self._should_stop())
-            except Exception:  # a broken probe must not kill a training run
-                log.exception("should_stop() raised; treated as not stopping")
-                cancelled = False
-            if cancelled:
-                self.reason = CANCELLED
-            elif time.monotonic() >= self.deadline:
-                self.reason = TIMEOUT
-        return self.reason
-
-    def raise_if_stopped(self, where: str, step: int | None = None) -> None:
-        reason = self.check()
-        if reason == CANCELLED:
-            raise Cancelled(f"Cancelled {where}.")
-        if reason == TIMEOUT:
-            at = f" at step {step}" if step is not None else f" {where}"
-            raise ExecutorError(
-                TIMEOUT,
-                f"max_runtime_seconds={int(self.max_runtime)} ran out{at}; raise "
-                "max_runtime_seconds or shorten the job (fewer epochs or examples, smaller "
-                "max_seq_length)",
-            )
-
-
 def run(
     spec: JobSpec,
     *,
@@ -141,7 +100,7 @@ def run(
     ``cancelled``. ``callbacks`` are extra ``transformers.TrainerCallback`` objects (benchmarks,
     tests). The caller owns the reporter's lifecycle (start/close).
     """
-    stop = _Stop(should_stop, spec.max_runtime_seconds)
+    stop = StopGuard(should_stop, spec.max_runtime_seconds)
     run_dir = Path(workdir) / f"{spec.job_id}-a{spec.attempt}"
     try:
         if run_dir.exists():  # a leftover of an earlier process with the same attempt
@@ -193,7 +152,7 @@ def _run(
     *,
     reporter: Reporter,
     run_dir: Path,
-    stop: _Stop,
+    stop: StopGuard,
     callbacks: Sequence[Any],
     every_steps: int,
     every_seconds: float | None,
@@ -239,7 +198,7 @@ def _run(
             eval_records, spec.validation_dataset, tokenizer, max_len, "validation", reporter
         )
 
-    trainer, callback = _build_trainer(
+    trainer, callback = build_trainer(
         spec,
         model,
         tokenizer,
@@ -263,7 +222,7 @@ def _run(
         "Training started" + (f", resuming at step {resume_step}." if resume_dir else "."),
         resumed_from_step=resume_step,
     )
-    train_output = _train(trainer, spec, resume_dir)
+    train_output = train_with_oom_hint(trainer, spec, resume_dir)
     step = trainer.state.global_step
     if callback.stop_reason is not None:
         stop.raise_if_stopped("during training", step=step)
@@ -292,7 +251,9 @@ def _run(
     )
 
 
-def _download(url: str, dest: Path, stop: _Stop, *, what: str, sha256: str | None = None) -> None:
+def _download(
+    url: str, dest: Path, stop: StopGuard, *, what: str, sha256: str | None = None
+) -> None:
     try:
         transfer.download(
             url, dest, sha256=sha256, what=what, should_stop=lambda: stop.check() is not None
@@ -302,7 +263,7 @@ def _download(url: str, dest: Path, stop: _Stop, *, what: str, sha256: str | Non
         raise
 
 
-def _fetch_dataset(ref: DatasetRef, dest: Path, what: str, stop: _Stop) -> list[dict[str, Any]]:
+def _fetch_dataset(ref: DatasetRef, dest: Path, what: str, stop: StopGuard) -> list[dict[str, Any]]:
     _download(ref.url, dest, stop, sha256=ref.sha256, what=f"{what} dataset")
     records: list[dict[str, Any]] = []
     try:
@@ -324,7 +285,7 @@ def _fetch_dataset(ref: DatasetRef, dest: Path, what: str, stop: _Stop) -> list[
 
 
 def _fetch_resume(
-    spec: JobSpec, run_dir: Path, reporter: Reporter, stop: _Stop
+    spec: JobSpec, run_dir: Path, reporter: Reporter, stop: StopGuard
 ) -> tuple[Path | None, int]:
     url = spec.outputs.resume_url
     if not url:
@@ -407,167 +368,6 @@ def _encode(
     return examples, stats
 
 
-# --- training -------------------------------------------------------------------------------
-
-
-def _make_callback(reporter: Reporter, stop: _Stop, checkpointer: checkpoints.Checkpointer) -> Any:
-    from transformers import TrainerCallback
-
-    class ExecutorCallback(TrainerCallback):  # type: ignore[misc]
-        """Progress metrics, stop requests and checkpoints: the one hook into the Trainer."""
-
-        def __init__(self) -> None:
-            self.stop_reason: str | None = None
-            self._t = time.monotonic()
-            self._tokens = 0
-            self.start_tokens = 0
-
-        def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            # After a resume the state already counts the earlier attempts' tokens.
-            self._t, self._tokens = time.monotonic(), state.num_input_tokens_seen
-            self.start_tokens = state.num_input_tokens_seen
-
-        def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
-            logs = logs or {}
-            if "loss" in logs:
-                now, tokens = time.monotonic(), state.num_input_tokens_seen
-                rate = (tokens - self._tokens) / (now - self._t) if now > self._t else 0.0
-                self._t, self._tokens = now, tokens
-                reporter.metrics(
-                    step=state.global_step,
-                    total_steps=state.max_steps,
-                    epoch=round(float(state.epoch or 0.0), 4),
-                    loss=float(logs["loss"]),
-                    lr=float(logs.get("learning_rate", 0.0)),
-                    grad_norm=_float(logs.get("grad_norm")),
-                    tokens_per_second=round(rate, 1),
-                    trained_tokens=int(tokens),
-                )
-            if "eval_loss" in logs:
-                reporter.log(
-                    f"Validation loss {logs['eval_loss']:.4f} at step {state.global_step}.",
-                    step=state.global_step,
-                    eval_loss=float(logs["eval_loss"]),
-                )
-
-        def _check_stop(self, control):  # type: ignore[no-untyped-def]
-            reason = stop.check()
-            if reason is not None:
-                self.stop_reason = reason
-                control.should_training_stop = True
-                control.should_save = False
-                control.should_evaluate = False
-            return reason
-
-        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            if self._check_stop(control) is None and checkpointer.due(
-                state.global_step, state.max_steps
-            ):
-                control.should_save = True
-            return control
-
-        def on_substep_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            self._check_stop(control)  # mid-accumulation: drop the partial step
-            return control
-
-        def on_epoch_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            self._check_stop(control)  # no end-of-epoch evaluation or save once stopping
-            return control
-
-        def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            checkpointer.ship(folder, state.global_step)
-            return control
-
-    return ExecutorCallback()
-
-
-def _rate(tokens: int, seconds: float | None) -> float | None:
-    return round(tokens / seconds, 1) if seconds else None
-
-
-def _float(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def _build_trainer(
-    spec: JobSpec,
-    model: Any,
-    tokenizer: Any,
-    train_examples: list[dict[str, list[int]]],
-    eval_examples: list[dict[str, list[int]]] | None,
-    *,
-    run_dir: Path,
-    reporter: Reporter,
-    stop: _Stop,
-    extra_callbacks: Iterable[Any],
-    checkpointer: checkpoints.Checkpointer,
-) -> tuple[Any, Any]:
-    import torch
-    from transformers import PrinterCallback, Trainer, TrainingArguments
-
-    hp = spec.hyperparameters
-    args = TrainingArguments(
-        output_dir=str(run_dir / "trainer"),
-        per_device_train_batch_size=hp.batch_size,
-        per_device_eval_batch_size=hp.batch_size,
-        gradient_accumulation_steps=hp.gradient_accumulation_steps,
-        num_train_epochs=hp.n_epochs,
-        learning_rate=hp.learning_rate,
-        lr_scheduler_type="linear",
-        warmup_steps=hp.warmup_ratio,  # transformers 5: a float < 1 is a ratio of the total steps
-        logging_steps=1,
-        save_strategy="no",  # checkpoints are ours (ExecutorCallback -> _Checkpointer)
-        eval_strategy="epoch" if eval_examples else "no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        seed=spec.seed,
-        data_seed=spec.seed,
-        remove_unused_columns=False,
-        label_names=["labels"],
-        include_num_input_tokens_seen="non_padding",
-        gradient_checkpointing=False,  # Unsloth applies its own; the tiny/CPU case needs none
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **backends.precision(),
-    )
-    callback = _make_callback(reporter, stop, checkpointer)
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=train_examples,  # a list is a map-style dataset
-        eval_dataset=eval_examples,
-        data_collator=PadCollator(pad_token_id(tokenizer)),
-        callbacks=[callback, *extra_callbacks],
-    )
-    # With tqdm off the Trainer prints every log dict to stdout; progress goes through the
-    # reporter instead (stdout stays clean for the CLI's JSON summary).
-    trainer.remove_callback(PrinterCallback)
-    return trainer, callback
-
-
-def _train(trainer: Any, spec: JobSpec, resume_dir: Path | None) -> Any:
-    try:
-        return trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
-    except Exception as exc:
-        if not backends.is_oom(exc):
-            raise
-        hp = spec.hyperparameters
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise ExecutorError(
-            OOM,
-            f"out of memory training with batch_size={hp.batch_size} and "
-            f"max_seq_length={hp.max_seq_length} (gradient_accumulation_steps="
-            f"{hp.gradient_accumulation_steps}): {first}. Lower batch_size (and raise "
-            "gradient_accumulation_steps to keep the effective batch size) or max_seq_length, "
-            "or use the qlora adapter type",
-        ) from exc
-
-
 def _final_metrics(
     spec: JobSpec,
     backend: str,
@@ -585,7 +385,7 @@ def _final_metrics(
     history = [(e["step"], float(e["loss"])) for e in state.log_history if "loss" in e]
     evals = [(e["step"], float(e["eval_loss"])) for e in state.log_history if "eval_loss" in e]
     out = dict(train_output.metrics) if train_output is not None else {}
-    runtime = _float(out.get("train_runtime"))
+    runtime = to_float(out.get("train_runtime"))
     metrics: dict[str, Any] = {
         "job_id": spec.job_id,
         "attempt": spec.attempt,
@@ -599,14 +399,14 @@ def _final_metrics(
         "total_steps": state.max_steps,
         "epochs": float(state.epoch or 0.0),
         "resumed_from_step": resume_step,
-        "train_loss": _float(out.get("train_loss")),
+        "train_loss": to_float(out.get("train_loss")),
         "first_loss": history[0][1] if history else None,
         "last_loss": history[-1][1] if history else None,
         "eval_loss": evals[-1][1] if evals else None,
         "loss_history": [{"step": s, "loss": v} for s, v in history],
         "trained_tokens": int(state.num_input_tokens_seen),
         "train_runtime_seconds": runtime,
-        "tokens_per_second": _rate(state.num_input_tokens_seen - callback.start_tokens, runtime),
+        "tokens_per_second": rate(state.num_input_tokens_seen - callback.start_tokens, runtime),
         "examples": stats.kept,
         "dropped_examples": stats.dropped,
         "truncated_examples": stats.truncated,

@@ -131,7 +131,7 @@ def test_a_tiny_max_runtime_is_timeout(
 def test_max_runtime_running_out_mid_training_stops_within_a_step(
     tiny_model_dir: Path, dataset_files: dict, run_executor: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from gpu_worker import train
+    from gpu_worker import trainer
 
     skew = {"seconds": 0.0}
 
@@ -152,7 +152,7 @@ def test_max_runtime_running_out_mid_training_stops_within_a_step(
             if state.global_step == 3:
                 skew["seconds"] = 86400.0
 
-    monkeypatch.setattr(train, "time", Clock())
+    monkeypatch.setattr(trainer, "time", Clock())
     spec = spec_dict(tiny_model_dir, dataset_files["text"], tmp_path / "out", fmt="text")
     run = run_executor(spec, callbacks=[JumpAfterStep3()])
     message = _failed(run, "timeout")
