@@ -104,6 +104,7 @@ HYPERPARAMETERS_SCHEMA: dict[str, Any] = {
         "max_seq_length": {"type": "integer", "minimum": 32, "maximum": 131072},
         "gradient_accumulation_steps": {"type": "integer", "minimum": 1, "maximum": 1024},
         "warmup_ratio": {"type": "number", "minimum": 0, "maximum": 0.5},
+        "gradient_checkpointing": {"type": "boolean"},
     },
 }
 
@@ -295,7 +296,13 @@ class AdapterSpec:
 
 @dataclass(frozen=True)
 class Hyperparameters:
-    """Training loop settings; the effective batch is batch_size * gradient_accumulation_steps."""
+    """Training loop settings; the effective batch is batch_size * gradient_accumulation_steps.
+
+    ``gradient_checkpointing`` recomputes activations in the backward pass: it is what lets long
+    sequences and large batches fit, at roughly a third more compute per step. Both backends
+    honour it (Unsloth's offloaded variant, transformers' otherwise); turn it off for speed when
+    the batch fits without it (docs/BENCHMARKS.md, training throughput).
+    """
 
     n_epochs: int = 3
     batch_size: int = 4
@@ -303,6 +310,7 @@ class Hyperparameters:
     max_seq_length: int = 2048
     gradient_accumulation_steps: int = 1
     warmup_ratio: float = 0.03
+    gradient_checkpointing: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in HYPERPARAMETERS_SCHEMA["properties"]}

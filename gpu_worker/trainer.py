@@ -180,7 +180,7 @@ def build_trainer(
         remove_unused_columns=False,
         label_names=["labels"],
         include_num_input_tokens_seen="non_padding",
-        gradient_checkpointing=False,  # Unsloth applies its own; the tiny/CPU case needs none
+        gradient_checkpointing=False,  # the backend applied the spec's setting when loading
         disable_tqdm=True,
         dataloader_num_workers=0,
         **backends.precision(),
@@ -208,11 +208,17 @@ def train_with_oom_hint(trainer: Any, spec: JobSpec, resume_dir: Path | None) ->
             raise
         hp = spec.hyperparameters
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        remedies = [
+            "lower batch_size (and raise gradient_accumulation_steps to keep the effective batch "
+            "size) or max_seq_length",
+            *([] if hp.gradient_checkpointing else ["turn gradient_checkpointing on"]),
+            "use the qlora adapter type",
+        ]
         raise ExecutorError(
             OOM,
             f"out of memory training with batch_size={hp.batch_size} and "
             f"max_seq_length={hp.max_seq_length} (gradient_accumulation_steps="
-            f"{hp.gradient_accumulation_steps}): {first}. Lower batch_size (and raise "
-            "gradient_accumulation_steps to keep the effective batch size) or max_seq_length, "
-            "or use the qlora adapter type",
+            f"{hp.gradient_accumulation_steps}, gradient_checkpointing="
+            f"{str(hp.gradient_checkpointing).lower()}): {first}. To fit: "
+            + "; or ".join(remedies),
         ) from exc

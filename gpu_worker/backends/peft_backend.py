@@ -2,6 +2,8 @@
 
 qlora loads the base in 4-bit NF4 through bitsandbytes (which also runs on CPU) and prepares
 it for k-bit training; lora and dora load it in full precision (fp32 on CPU, bf16/fp16 on GPU).
+Gradient checkpointing (``hyperparameters.gradient_checkpointing``) is switched on here, on the
+base model before the adapter is attached, so peft makes the inputs require grad for it.
 """
 
 from __future__ import annotations
@@ -53,8 +55,17 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
     except Exception as exc:
         raise model_load_error(spec, exc) from exc
 
+    checkpointing = spec.hyperparameters.gradient_checkpointing
+    # Non-reentrant: the variant that works with frozen base weights and no input grads.
+    checkpointing_kwargs = {"use_reentrant": False}
     if adapter.type == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=checkpointing,
+            gradient_checkpointing_kwargs=checkpointing_kwargs,
+        )
+    elif checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs)
     config = LoraConfig(
         r=adapter.r,
         lora_alpha=adapter.alpha,

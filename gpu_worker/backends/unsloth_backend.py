@@ -45,7 +45,10 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
             lora_alpha=adapter.alpha,
             lora_dropout=adapter.dropout,
             bias="none",
-            use_gradient_checkpointing="unsloth",
+            # Unsloth's variant offloads the checkpointed activations to CPU memory.
+            use_gradient_checkpointing=(
+                "unsloth" if spec.hyperparameters.gradient_checkpointing else False
+            ),
             random_state=spec.seed,
             use_rslora=False,
             loftq_config={},

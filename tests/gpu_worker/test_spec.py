@@ -77,7 +77,8 @@ def test_defaults() -> None:
     assert parse_adapter(None) == parse_adapter({}) == AdapterSpec()
     assert AdapterSpec() == AdapterSpec("lora", 16, 32, 0.05, DEFAULT_TARGET_MODULES)
     assert parse_hyperparameters(None) == parse_hyperparameters({}) == Hyperparameters()
-    assert Hyperparameters() == Hyperparameters(3, 4, 2e-4, 2048, 1, 0.03)
+    assert Hyperparameters() == Hyperparameters(3, 4, 2e-4, 2048, 1, 0.03, True)
+    assert parse_hyperparameters({"gradient_checkpointing": False}).gradient_checkpointing is False
     assert parse_adapter({"r": 64}) == AdapterSpec(r=64)
     assert parse_hyperparameters({"batch_size": 8}).n_epochs == 3
 
@@ -163,6 +164,8 @@ BAD: list[tuple[str, Any, str]] = [
         "hyperparameters.gradient_accumulation_steps",
     ),
     ("hyperparameters.warmup_ratio", 0.6, "hyperparameters.warmup_ratio"),
+    ("hyperparameters.gradient_checkpointing", "yes", "hyperparameters.gradient_checkpointing"),
+    ("hyperparameters.gradient_checkpointing", 1, "hyperparameters.gradient_checkpointing"),
     ("seed", -1, "seed"),
     ("seed", 2**31, "seed"),
     ("max_runtime_seconds", 59, "max_runtime_seconds"),

@@ -162,3 +162,30 @@ def test_events_checkpoints_and_validation_loss(
     assert run.of_type("checkpoint")[-1]["data"]["sha256"] == file_sha256(run.checkpoint)
     assert run.result.metrics["eval_loss"] is not None
     assert any("eval_loss" in e["data"] for e in run.of_type("log"))
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_gradient_checkpointing_changes_memory_not_the_math(
+    adapter: str, tiny_model_dir: Path, dataset_files: dict, run_executor: Any, tmp_path: Path
+) -> None:
+    """The backend switches checkpointing on or off as the spec says; recomputing activations
+    in the backward pass gives the same gradients, so the same seed gives the same losses."""
+    from gpu_worker.backends import peft_backend
+    from gpu_worker.spec import parse_job_spec
+
+    losses = {}
+    for checkpointing in (True, False):
+        spec = spec_dict(
+            tiny_model_dir,
+            dataset_files["messages"],
+            tmp_path / f"out-{checkpointing}",
+            adapter=adapter,
+            gradient_checkpointing=checkpointing,
+        )
+        model, _ = peft_backend.load(parse_job_spec(spec))
+        assert model.base_model.model.is_gradient_checkpointing is checkpointing
+        run = run_executor(spec)
+        assert run.result.status == "succeeded", run.result.message
+        assert run.result.metrics["hyperparameters"]["gradient_checkpointing"] is checkpointing
+        losses[checkpointing] = [h["loss"] for h in run.result.metrics["loss_history"]]
+    assert losses[True] == pytest.approx(losses[False], abs=1e-4)

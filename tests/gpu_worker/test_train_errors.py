@@ -181,6 +181,12 @@ def test_out_of_memory_is_oom_with_the_batch_size_and_length(
     message = _failed(run_executor(spec), "oom")
     assert "batch_size=8" in message and "max_seq_length=96" in message
     assert "gradient_accumulation_steps" in message  # the hint
+    assert "turn gradient_checkpointing on" not in message  # it already is (the default)
+
+    spec["hyperparameters"]["gradient_checkpointing"] = False
+    message = _failed(run_executor(spec), "oom")
+    assert "gradient_checkpointing=false" in message
+    assert "turn gradient_checkpointing on" in message
 
 
 def test_an_unexpected_crash_is_internal_error_with_the_traceback_logged(
