@@ -20,10 +20,19 @@ CANCEL_JOB = "trainhub.cancel_job"
 INGEST_ARTIFACT = "trainhub.ingest_artifact"
 EXPIRE_LEASES = "trainhub.expire_leases"
 RECORD_EVENTS = "trainhub.record_events"
+DISPATCH = "trainhub.dispatch"
+FLEET_TICK = "trainhub.fleet_tick"
+NODE_REGISTER = "trainhub.node_register"
+NODE_HEARTBEAT = "trainhub.node_heartbeat"
+NODE_STOPPING = "trainhub.node_stopping"
 RUN_ATTEMPT = "gpu_worker.run_attempt"  # executed on a node queue
+# Remote-control command (broadcast to one node's worker): stop the attempt it runs.
+CANCEL_ATTEMPT_COMMAND = "trainhub_cancel_attempt"
 
 POLL_INTERVAL_SECONDS = 10
 EXPIRE_LEASES_INTERVAL_SECONDS = 30
+FLEET_TICK_INTERVAL_SECONDS = 10
+NODE_HEARTBEAT_SECONDS = 30
 
 # The longest job trainhub accepts (mirrors spec.MAX_RUNTIME_LIMIT_SECONDS). Redis redelivers an
 # unacked message after visibility_timeout, so it must exceed any training run; the database

@@ -71,6 +71,10 @@ class JsonlSink:
 class CelerySink:
     """Sends ``trainhub.record_events(job_id, attempt, events)`` to the control plane's queue.
 
+    On a GPU node the supervisor passes the node's identity in ``TRAINHUB_NODE_NAME`` and
+    ``TRAINHUB_NODE_TOKEN``; they ride along as ``node``/``token`` keyword arguments, and the
+    control plane drops events of a node attempt that do not carry that node's current token.
+
     Publishing is not retried by Celery/kombu (a dead broker raises within about
     ``connect_timeout``); the reporter keeps the batch and re-sends it, which is the retry.
     """
@@ -81,6 +85,8 @@ class CelerySink:
         *,
         queue: str = celery_conf.DEFAULT_QUEUE,
         connect_timeout: float = 3.0,
+        node: str | None = None,
+        token: str | None = None,
     ) -> None:
         url = broker_url or os.environ.get("CELERY_BROKER_URL", "")
         if not url:
@@ -90,6 +96,9 @@ class CelerySink:
             )
         self._broker_url = url
         self.queue = queue
+        node = node or os.environ.get("TRAINHUB_NODE_NAME", "")
+        token = token or os.environ.get("TRAINHUB_NODE_TOKEN", "")
+        self._identity = {"node": node, "token": token} if node and token else {}
         self._connect_timeout = connect_timeout
         self._app: Any = None
         self._app_lock = threading.Lock()
@@ -125,6 +134,7 @@ class CelerySink:
         self._celery().send_task(
             celery_conf.RECORD_EVENTS,
             args=[job_id, attempt, events],
+            kwargs=self._identity,
             queue=self.queue,
             retry=False,
             ignore_result=True,

@@ -11,8 +11,10 @@ from jobs.errors import ServiceError
 from jobs.models import (
     ApiKey,
     Artifact,
+    GpuNode,
     JobAttempt,
     JobEvent,
+    NodeEvent,
     Project,
     ProjectMembership,
     ProviderCredential,
@@ -20,6 +22,7 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.services import jobs as job_services
+from jobs.services import nodes as node_services
 
 STATUS_COLORS = {
     "succeeded": "#1a7f37",
@@ -29,6 +32,10 @@ STATUS_COLORS = {
     "running": "#0969da",
     "finalizing": "#0969da",
     "provisioning": "#8250df",
+    "idle": "#1a7f37",
+    "busy": "#0969da",
+    "draining": "#9a6700",
+    "offline": "#6e7781",
 }
 
 
@@ -118,16 +125,84 @@ class TrainingJobAdmin(admin.ModelAdmin):
     list_select_related = ("project",)
     inlines = [AttemptInline, EventInline]
     actions = [cancel_jobs, retry_jobs]
-    readonly_fields = [f.name for f in TrainingJob._meta.fields]
+    # Operators may reprioritise a queued job; everything else goes through the services.
+    readonly_fields = [f.name for f in TrainingJob._meta.fields if f.name != "priority"]
 
     @admin.display(description="status", ordering="status")
     def colored_status(self, obj: TrainingJob) -> str:
-        return format_html(
-            '<b style="color:{}">{}</b>', STATUS_COLORS.get(obj.status, "#24292f"), obj.status
-        )
+        return _colored(obj.status)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are created through the API, which validates them
+
+
+def _colored(status: str) -> str:
+    return format_html('<b style="color:{}">{}</b>', STATUS_COLORS.get(status, "#24292f"), status)
+
+
+class NodeEventInline(ReadOnlyInline):
+    model = NodeEvent
+    fields = ("created_at", "kind", "message", "actor")
+    ordering = ("-id",)
+
+
+@admin.register(GpuNode)
+class GpuNodeAdmin(admin.ModelAdmin):
+    """Nodes are created (and tokens rotated) with the API or `manage.py create_node`, which
+    show the token once; the admin never shows it."""
+
+    list_display = ("name", "node_status", "draining", "gpus", "labels", "current_attempt",
+                    "last_heartbeat_at")  # fmt: skip
+    list_filter = ("status", "draining", "ephemeral")
+    search_fields = ("name",)
+    exclude = ("token_sha256",)
+    readonly_fields = [f.name for f in GpuNode._meta.fields if f.name != "token_sha256"]
+    inlines = [NodeEventInline]
+    actions = ["drain", "undrain", "delete_offline"]
+
+    @admin.display(description="status", ordering="status")
+    def node_status(self, obj: GpuNode) -> str:
+        return _colored(obj.status)
+
+    @admin.display(description="GPUs")
+    def gpus(self, obj: GpuNode) -> str:
+        gpus = (obj.capabilities or {}).get("gpus") or []
+        return ", ".join(f"{g.get('name')} ({g.get('vram_mb')} MiB)" for g in gpus) or "none"
+
+    def _each(self, request: HttpRequest, queryset: QuerySet, action, verb: str) -> None:
+        done = 0
+        for node in queryset:
+            try:
+                action(node=node, actor=request.user.get_username())
+                done += 1
+            except ServiceError as exc:
+                self.message_user(request, f"Skipped {node.name}: {exc.message}", messages.WARNING)
+        if done:
+            self.message_user(request, f"{verb} {done} node(s).", messages.SUCCESS)
+
+    @admin.action(description="Drain selected nodes (finish the current job, take no new one)")
+    def drain(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(
+            request, queryset,
+            lambda **kw: node_services.node_set_draining(draining=True, **kw), "Draining",
+        )  # fmt: skip
+
+    @admin.action(description="Undrain selected nodes")
+    def undrain(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(
+            request, queryset,
+            lambda **kw: node_services.node_set_draining(draining=False, **kw), "Undrained",
+        )  # fmt: skip
+
+    @admin.action(description="Delete selected offline nodes")
+    def delete_offline(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, node_services.node_delete, "Deleted")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # delete_offline goes through the service (offline nodes only)
 
 
 @admin.register(TrainingFile)

@@ -8,7 +8,16 @@ import re
 from django.db.models import QuerySet
 
 from jobs.errors import InvalidRequest, NotFound
-from jobs.models import Artifact, JobEvent, Project, ProviderCredential, TrainingFile, TrainingJob
+from jobs.models import (
+    Artifact,
+    GpuNode,
+    JobEvent,
+    NodeEvent,
+    Project,
+    ProviderCredential,
+    TrainingFile,
+    TrainingJob,
+)
 from jobs.states import JobStatus
 
 MAX_LIMIT = 100
@@ -166,3 +175,12 @@ def credential_get(*, project: Project, credential_id: str) -> ProviderCredentia
     if found is None:
         raise NotFound(f"No credential '{credential_id}'.", code="credential_not_found")
     return found
+
+
+def node_list() -> list[GpuNode]:
+    return list(GpuNode.objects.select_related("current_attempt__job").order_by("name"))
+
+
+def node_event_list(*, name: str, limit: int = 100) -> list[NodeEvent]:
+    """A node's latest audit events (kept after the node is deleted), newest first."""
+    return list(NodeEvent.objects.filter(node_name=name).order_by("-id")[:limit])

@@ -25,6 +25,13 @@ class TooLarge(Exception):
         self.limit = limit
 
 
+class HashMismatch(Exception):
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(f"sha256 mismatch: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
 @dataclass(frozen=True)
 class StoredObject:
     key: str
@@ -41,6 +48,11 @@ def bundle_key(project_id: int, job_public_id: str, attempt_number: int) -> str:
     return f"projects/{project_id}/jobs/{job_public_id}/a{attempt_number}/adapter.tar"
 
 
+def checkpoint_key(project_id: int, job_public_id: str) -> str:
+    """The job's checkpoint slot: every attempt overwrites it, the next one resumes from it."""
+    return f"projects/{project_id}/jobs/{job_public_id}/checkpoint.tar"
+
+
 def _path(key: str) -> Path:
     root = Path(settings.TRAINHUB_STORAGE_DIR).resolve()
     path = (root / key).resolve()
@@ -49,8 +61,15 @@ def _path(key: str) -> Path:
     return path
 
 
-def save_stream(key: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> StoredObject:
-    """Write chunks to ``key``, hashing as they pass; raise TooLarge past ``max_bytes``."""
+def save_stream(
+    key: str,
+    chunks: Iterable[bytes],
+    *,
+    max_bytes: int | None = None,
+    expected_sha256: str | None = None,
+) -> StoredObject:
+    """Write chunks to ``key``, hashing as they pass; raise TooLarge past ``max_bytes`` and
+    HashMismatch when ``expected_sha256`` is given and differs. Either leaves ``key`` as it was."""
     path = _path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     digest, size = hashlib.sha256(), 0
@@ -63,11 +82,14 @@ def save_stream(key: str, chunks: Iterable[bytes], *, max_bytes: int | None = No
                     raise TooLarge(max_bytes)
                 digest.update(chunk)
                 out.write(chunk)
+        actual = digest.hexdigest()
+        if expected_sha256 is not None and actual != expected_sha256.lower():
+            raise HashMismatch(expected_sha256.lower(), actual)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    return StoredObject(key=key, size=size, sha256=digest.hexdigest())
+    return StoredObject(key=key, size=size, sha256=actual)
 
 
 def read_chunks(key: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:

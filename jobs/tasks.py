@@ -8,7 +8,7 @@ from celery import shared_task
 
 from gpu_worker import celery_conf as cc
 from jobs.locks import try_lock
-from jobs.services import artifacts, attempts, files
+from jobs.services import artifacts, attempts, dispatch, files, nodes
 from providers import registry
 
 log = logging.getLogger(__name__)
@@ -60,5 +60,43 @@ def expire_leases() -> None:
 
 
 @shared_task(name=cc.RECORD_EVENTS, ignore_result=True)
-def record_events(job_id: str, attempt: int, events: list[dict]) -> None:
-    attempts.attempt_record_events(job_id=job_id, attempt_number=attempt, events=events)
+def record_events(
+    job_id: str, attempt: int, events: list[dict], node: str | None = None, token: str | None = None
+) -> None:
+    attempts.attempt_record_events(
+        job_id=job_id, attempt_number=attempt, events=events, node=node, token=token
+    )
+
+
+# --- the own GPU fleet ------------------------------------------------------------------------
+
+
+@shared_task(name=cc.DISPATCH, ignore_result=True)
+def dispatch_jobs() -> None:
+    dispatch.dispatch_queued()
+
+
+@shared_task(name=cc.FLEET_TICK, ignore_result=True)
+def fleet_tick() -> None:
+    """Beat: nodes gone silent go offline, lost messages are sent again, then dispatch."""
+    with try_lock("fleet-tick", ttl_seconds=cc.FLEET_TICK_INTERVAL_SECONDS * 6) as acquired:
+        if acquired:
+            nodes.nodes_mark_offline()
+            dispatch.attempts_resend_unclaimed()
+            dispatch.attempts_resend_cancels()
+            dispatch.dispatch_queued()
+
+
+@shared_task(name=cc.NODE_REGISTER, ignore_result=True)
+def node_register(name: str, token: str, report: dict) -> None:
+    nodes.node_register(name=name, token=token, report=report)
+
+
+@shared_task(name=cc.NODE_HEARTBEAT, ignore_result=True)
+def node_heartbeat(name: str, token: str) -> None:
+    nodes.node_heartbeat(name=name, token=token)
+
+
+@shared_task(name=cc.NODE_STOPPING, ignore_result=True)
+def node_stopping(name: str, token: str) -> None:
+    nodes.node_stopping(name=name, token=token)

@@ -111,6 +111,17 @@ TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS = env.int(
     "TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS", default=24 * 3600
 )
 TRAINHUB_PUBLIC_URL = env.str("TRAINHUB_PUBLIC_URL", default="")
+# How GPU nodes reach this control plane over HTTP (signed transfer URLs, attempt claims).
+TRAINHUB_CONTROL_URL = env.str("TRAINHUB_CONTROL_URL", default="") or (
+    TRAINHUB_PUBLIC_URL or "http://127.0.0.1:8000"
+)
+
+# --- GPU nodes ------------------------------------------------------------------------------
+# A node without a heartbeat for this long is offline (it heartbeats every 30 s).
+TRAINHUB_NODE_OFFLINE_SECONDS = env.int("TRAINHUB_NODE_OFFLINE_SECONDS", default=120)
+# An attempt sent to a node but not claimed for this long is sent again (its message may have
+# vanished with a Redis restart); a duplicate delivery is refused by the claim.
+TRAINHUB_DISPATCH_RESEND_SECONDS = env.int("TRAINHUB_DISPATCH_RESEND_SECONDS", default=30)
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.default_broker_url(VAR_DIR)
@@ -124,6 +135,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": celery_conf.EXPIRE_LEASES,
         "schedule": celery_conf.EXPIRE_LEASES_INTERVAL_SECONDS,
         "options": {"expires": celery_conf.EXPIRE_LEASES_INTERVAL_SECONDS},
+    },
+    "fleet-tick": {
+        "task": celery_conf.FLEET_TICK,
+        "schedule": celery_conf.FLEET_TICK_INTERVAL_SECONDS,
+        "options": {"expires": celery_conf.FLEET_TICK_INTERVAL_SECONDS},
     },
 }
 # Locks (per-target poll, single beat) live in the broker's Redis.

@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from jobs.models import Artifact, JobEvent, ProviderCredential, TrainingFile, TrainingJob
+from jobs.models import (
+    Artifact,
+    GpuNode,
+    JobEvent,
+    NodeEvent,
+    ProviderCredential,
+    TrainingFile,
+    TrainingJob,
+)
 
 
 def ts(value: datetime | None) -> int | None:
@@ -55,6 +63,9 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "target": j.target,
         "max_runtime_seconds": j.max_runtime_seconds,
         "max_attempts": j.max_attempts,
+        "gpu": j.gpu,
+        "node_selector": j.node_selector,
+        "waiting_reason": (j.waiting_reason or None) if j.status == "queued" else None,
         "trained_tokens": j.trained_tokens,
         "metrics": j.latest_metrics or None,
         "error": {"code": j.error_code, "message": j.error_message, "param": None}
@@ -100,6 +111,36 @@ def credential_json(c: ProviderCredential) -> dict[str, Any]:
         "secret_fields": c.secret_fields,
         "created_at": ts(c.created_at),
         "updated_at": ts(c.updated_at),
+    }
+
+
+def node_json(n: GpuNode) -> dict[str, Any]:
+    """A GPU node as operators see it (never its token)."""
+    attempt = n.current_attempt
+    return {
+        "id": n.name,
+        "object": "gpu_node",
+        "status": n.status,
+        "draining": n.draining,
+        "ephemeral": n.ephemeral,
+        "labels": n.labels,
+        "capabilities": n.capabilities,
+        "current_job": attempt.job.public_id if attempt else None,
+        "current_attempt": attempt.number if attempt else None,
+        "last_heartbeat_at": ts(n.last_heartbeat_at),
+        "registered_at": ts(n.registered_at),
+        "created_at": ts(n.created_at),
+    }
+
+
+def node_event_json(e: NodeEvent) -> dict[str, Any]:
+    return {
+        "object": "gpu_node.event",
+        "node": e.node_name,
+        "kind": e.kind,
+        "message": e.message,
+        "actor": e.actor or None,
+        "created_at": ts(e.created_at),
     }
 
 

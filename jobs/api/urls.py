@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import views
+from jobs.api import node_views, views
 
 urlpatterns = [
     path("files/", views.FileListView.as_view()),
@@ -14,4 +14,13 @@ urlpatterns = [
     path("artifacts/<str:artifact_id>/download/", views.ArtifactDownloadView.as_view()),
     path("credentials/", views.CredentialListView.as_view()),
     path("credentials/<str:credential_id>/", views.CredentialDetailView.as_view()),
+    path("nodes/", node_views.NodeListView.as_view()),
+    path("nodes/claim/", node_views.NodeClaimView.as_view(), name="node-claim"),
+    path("nodes/<str:name>/", node_views.NodeDetailView.as_view()),
+    path("nodes/<str:name>/events/", node_views.NodeEventListView.as_view()),
+    path("nodes/<str:name>/drain/", node_views.NodeActionView.as_view(action="drain")),
+    path("nodes/<str:name>/undrain/", node_views.NodeActionView.as_view(action="undrain")),
+    path(
+        "nodes/<str:name>/rotate-token/", node_views.NodeActionView.as_view(action="rotate-token")
+    ),
 ]

@@ -29,6 +29,13 @@ class TrainingJob(models.Model):
     target = models.CharField(max_length=32)
     max_runtime_seconds = models.PositiveIntegerField()
     max_attempts = models.PositiveSmallIntegerField(default=3)
+    # Placement on the own fleet (jobs.placement): GPU needs and label selectors, any node if empty.
+    gpu = models.JSONField(default=dict, blank=True, help_text="{count, min_vram_gb, name glob}")
+    node_selector = models.JSONField(default=dict, blank=True, help_text="{label: glob}")
+    priority = models.SmallIntegerField(default=0, help_text="Higher is dispatched first.")
+    waiting_reason = models.CharField(
+        max_length=1000, blank=True, help_text="Why a queued job is not placed yet."
+    )
     # Attempts numbered above this count against max_attempts; a manual retry moves it up.
     attempt_budget_start = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(
@@ -51,6 +58,11 @@ class TrainingJob(models.Model):
             models.Index(fields=["project", "status", "-id"], name="job_project_status"),
             models.Index(fields=["project", "target", "-id"], name="job_project_target"),
             models.Index(fields=["status", "id"], name="job_status_queue"),
+            models.Index(
+                fields=["-priority", "id"],
+                condition=models.Q(status="queued"),
+                name="job_dispatch_order",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -69,6 +69,10 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         )
         if not ended:
             return False
+        if attempt.node_name:
+            from jobs.services.dispatch import node_release
+
+            node_release(attempt=attempt)
         job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
         detail = message or reason.value.replace("_", " ")
         event_append(
@@ -103,7 +107,21 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
 
 def attempt_request_stop(*, attempt: JobAttempt) -> None:
     """Ask whatever runs the attempt to stop (after commit). The job stays cancelling until
-    the stop is confirmed or the lease expires."""
+    the stop is confirmed or the lease expires. A node attempt not claimed yet has nothing
+    running: it ends now, and the node's claim of it will be refused."""
+    if attempt.node_name:
+        from jobs.services.dispatch import send_node_cancel
+
+        unclaimed = JobAttempt.objects.filter(
+            pk=attempt.pk, claimed_at__isnull=True, ended_at__isnull=True
+        ).exists()
+        if unclaimed:
+            attempt_end(
+                attempt=attempt, reason=EndReason.CANCELLED, message="cancelled before start"
+            )
+        else:
+            transaction.on_commit(lambda: send_node_cancel(attempt=attempt))
+        return
     transaction.on_commit(lambda: _send_stop(attempt.job_id))
 
 
@@ -171,11 +189,19 @@ def attempts_expire_leases() -> int:
 _REPORTED_END = {"cancelled": EndReason.CANCELLED}
 
 
-def attempt_record_events(*, job_id: str, attempt_number: int, events: Iterable[object]) -> int:
+def attempt_record_events(
+    *,
+    job_id: str,
+    attempt_number: int,
+    events: Iterable[object],
+    node: str | None = None,
+    token: str | None = None,
+) -> int:
     """Store an executor's event batch and apply its status reports; returns events stored.
 
     Events of an attempt that is not the job's live one are dropped: a late or duplicate
-    message from an outdated attempt must never move the job.
+    message from an outdated attempt must never move the job. So are events of a node's
+    attempt that do not carry that node's current token (``node``/``token``).
     """
     attempt = (
         JobAttempt.objects.select_related("job")
@@ -185,6 +211,17 @@ def attempt_record_events(*, job_id: str, attempt_number: int, events: Iterable[
     if attempt is None:
         log.info("dropping events for %s attempt %s: not the live attempt", job_id, attempt_number)
         return 0
+    if attempt.node_name:
+        from jobs.services.nodes import node_authenticate
+
+        if node != attempt.node_name or node_authenticate(name=node, token=token) is None:
+            log.warning(
+                "dropping events for %s attempt %s: not from its node %s with a valid token",
+                job_id,
+                attempt_number,
+                attempt.node_name,
+            )
+            return 0
     cleaned = [e for e in (clean_executor_event(raw) for raw in events) if e is not None]
     stored = events_store(job=attempt.job, attempt=attempt_number, events=cleaned)
     attempt_renew_lease(attempt=attempt)

@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpu_worker import celery_conf, spec
+from jobs import placement
 from jobs.errors import Conflict, InvalidRequest, InvalidTransition, LimitExceeded
 from jobs.models import IdempotencyKey, Project, TrainingFile, TrainingJob
 from jobs.services.events import event_append
@@ -33,6 +34,8 @@ JOB_FIELDS = (
     "target",
     "max_runtime_seconds",
     "max_attempts",
+    "gpu",
+    "node_selector",
 )
 
 
@@ -89,12 +92,16 @@ def job_transition(
 
 
 def _on_queued(job_pk: int, target: str) -> None:
-    """Cloud targets launch through submit_attempt; local jobs wait for the node dispatcher."""
+    """Cloud targets launch through submit_attempt; local jobs go to the node dispatcher."""
+    from trainhub.celery import app
+
     entry = registry.get(target)
     if entry is not None and entry.adapter_factory is not None:
-        from trainhub.celery import app
-
         app.send_task(celery_conf.SUBMIT_ATTEMPT, args=[job_pk])
+    elif target == "local":
+        from jobs.services.nodes import send_dispatch
+
+        send_dispatch()
 
 
 # --- create -----------------------------------------------------------------------------------
@@ -214,6 +221,8 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
             spec.MAX_RUNTIME_LIMIT_SECONDS,
         ),
         "max_attempts": _int_field(data, "max_attempts", 3, 1, 10),
+        "gpu": placement.parse_gpu(data.get("gpu")),
+        "node_selector": placement.parse_node_selector(data.get("node_selector")),
     }
 
 

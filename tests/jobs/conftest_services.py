@@ -18,15 +18,18 @@ class SentTasks:
     """What ``trainhub.celery.app.send_task`` was asked to send (nothing reaches the broker)."""
 
     calls: list[tuple[str, list[Any]]] = field(default_factory=list)
+    queues: list[str | None] = field(default_factory=list)  # the queue of each call
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
         self.calls.append((name, list(args or [])))
+        self.queues.append(options.get("queue"))
 
     def named(self, name: str) -> list[list[Any]]:
         return [args for sent_name, args in self.calls if sent_name == name]
 
     def clear(self) -> None:
         self.calls.clear()
+        self.queues.clear()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ JOB_KEYS = {
     "id", "object", "model", "created_at", "started_at", "finished_at", "fine_tuned_model",
     "organization_id", "status", "training_file", "validation_file", "method", "adapter",
     "hyperparameters", "seed", "suffix", "target", "max_runtime_seconds", "max_attempts",
-    "trained_tokens", "metrics", "error",
+    "gpu", "node_selector", "waiting_reason", "trained_tokens", "metrics", "error",
 }  # fmt: skip
 BROKEN = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{oops\n'
 

@@ -50,7 +50,8 @@ def queued(make_job) -> TrainingJob:
 
 @pytest.fixture
 def running(queued) -> tuple[TrainingJob, JobAttempt]:
-    attempt = attempt_start(job=queued, target="local", node_name="node-a")
+    # No node: events of a node's attempt need its token (tests/jobs/test_services_nodes.py).
+    attempt = attempt_start(job=queued, target="local")
     attempt_record_events(job_id=queued.public_id, attempt_number=1, events=[_status("running", 0)])
     return _fresh(queued), attempt
 
@@ -328,7 +329,7 @@ def test_retry_after_failure_restarts_the_budget(
     assert job.status == S.QUEUED
     assert (job.error_code, job.error_message, job.finished_at) == ("", "", None)
     assert job.attempt_budget_start == 1
-    assert sent.calls == [], "a local job waits for the node dispatcher"
+    assert sent.calls == [(cc.DISPATCH, [])], "a local job goes to the node dispatcher"
 
     second = attempt_start(job=job, target="local")
     assert second.number == 2, "attempt numbers continue across retries"

@@ -1,0 +1,167 @@
+"""A GPU node's identity and what it reports about itself (no Django, no CUDA init).
+
+Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
+
+| variable | meaning |
+|---|---|
+| ``TRAINHUB_NODE_NAME`` | node name (default: the hostname); its queue is ``gpu.node.<name>`` |
+| ``TRAINHUB_NODE_TOKEN`` | the token shown once by ``POST /api/v1/nodes/`` (required) |
+| ``CELERY_BROKER_URL`` | the control plane's broker (required) |
+| ``TRAINHUB_NODE_LABELS`` | ``key=value,key=value`` for jobs' ``node_selector`` |
+| ``TRAINHUB_NODE_EPHEMERAL`` | ``1``: exit after one job |
+| ``TRAINHUB_NODE_GPUS`` | override the probe: ``NAME:VRAM_MIB,...`` (empty: no GPU) |
+| ``TRAINHUB_NODE_WORKDIR`` | scratch space for attempts (default: a directory under /tmp) |
+| ``TRAINHUB_NODE_HEARTBEAT_SECONDS`` | heartbeat period (30) |
+| ``TRAINHUB_NODE_CANCEL_GRACE_SECONDS`` | after a cancel: wait this for the executor to stop by itself, then SIGTERM, then as long again before SIGKILL (30) |
+| ``TRAINHUB_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS`` | checkpoint cadence passed to the executor |
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from gpu_worker import celery_conf
+
+_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    token: str = field(repr=False)
+    broker_url: str = field(repr=False)
+    labels: dict[str, str]
+    ephemeral: bool
+    workdir: Path
+    heartbeat_seconds: float
+    cancel_grace_seconds: float
+    checkpoint_every_steps: int | None
+    checkpoint_every_seconds: float | None
+    gpus_override: str | None
+
+    @property
+    def queue(self) -> str:
+        return celery_conf.node_queue(self.name)
+
+    def cancel_file(self, job_id: str, attempt: int) -> Path:
+        """Where a cancel request for an attempt appears (the executor watches it)."""
+        return self.workdir / "cancel" / f"{job_id}-a{attempt}"
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"TRAINHUB_NODE_LABELS: bad label {part!r}, expected key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def _optional_number(env: dict[str, str], name: str, kind: type) -> Any:
+    value = env.get(name, "").strip()
+    return kind(value) if value else None
+
+
+@cache
+def config() -> NodeConfig:
+    """This process's node settings; raises ValueError naming a missing or bad variable."""
+    return config_from(dict(os.environ))
+
+
+def config_from(env: dict[str, str]) -> NodeConfig:
+    name = _NAME.sub("-", env.get("TRAINHUB_NODE_NAME") or socket.gethostname())[:100]
+    token = env.get("TRAINHUB_NODE_TOKEN", "")
+    broker = env.get("CELERY_BROKER_URL", "")
+    if not token:
+        raise ValueError("TRAINHUB_NODE_TOKEN is not set: create the node (POST /api/v1/nodes/)")
+    if not broker:
+        raise ValueError("CELERY_BROKER_URL is not set: the node needs the control plane's broker")
+    workdir = env.get("TRAINHUB_NODE_WORKDIR") or str(
+        Path(tempfile.gettempdir()) / f"trainhub-node-{name}"
+    )
+    return NodeConfig(
+        name=name,
+        token=token,
+        broker_url=broker,
+        labels=_parse_labels(env.get("TRAINHUB_NODE_LABELS", "")),
+        ephemeral=env.get("TRAINHUB_NODE_EPHEMERAL", "").lower() in ("1", "true", "yes"),
+        workdir=Path(workdir),
+        heartbeat_seconds=float(
+            env.get("TRAINHUB_NODE_HEARTBEAT_SECONDS") or celery_conf.NODE_HEARTBEAT_SECONDS
+        ),
+        cancel_grace_seconds=float(env.get("TRAINHUB_NODE_CANCEL_GRACE_SECONDS") or 30),
+        checkpoint_every_steps=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_STEPS", int),
+        checkpoint_every_seconds=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_SECONDS", float),
+        gpus_override=env.get("TRAINHUB_NODE_GPUS"),
+    )
+
+
+# --- capabilities ---------------------------------------------------------------------------
+
+
+def _gpus_from_override(text: str) -> list[dict[str, Any]]:
+    gpus = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, vram = part.rpartition(":")
+        gpus.append({"name": name or part, "vram_mb": int(vram) if vram.isdigit() else 0})
+    return gpus
+
+
+def _nvidia_smi(*args: str) -> str:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ""
+    try:
+        return subprocess.run(  # noqa: S603 - a fixed binary and arguments
+            [exe, *args], capture_output=True, text=True, timeout=20, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def probe(node: NodeConfig) -> dict[str, Any]:
+    """GPUs, driver and CUDA versions, and the backend, without initialising CUDA here: the
+    worker's parent process must not hold a CUDA context (each attempt runs in a child)."""
+    caps: dict[str, Any] = {"hostname": socket.gethostname()}
+    if node.gpus_override is not None:
+        gpus = _gpus_from_override(node.gpus_override)
+    else:
+        rows = _nvidia_smi(
+            "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"
+        )
+        gpus = []
+        for line in rows.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 3:
+                gpus.append({"name": parts[0], "vram_mb": int(float(parts[1] or 0))})
+                caps["driver_version"] = parts[2]
+        cuda = re.search(r"CUDA Version:\s*([\d.]+)", _nvidia_smi()) if gpus else None
+        if cuda:
+            caps["cuda_version"] = cuda.group(1)
+    caps["gpus"] = gpus
+    caps["gpu_count"] = len(gpus)
+    # find_spec looks for the package without importing it (importing Unsloth needs CUDA).
+    unsloth = gpus and importlib.util.find_spec("unsloth") is not None
+    caps["backend"] = "unsloth" if unsloth else "peft"
+    return caps
+
+
+def registration(node: NodeConfig, celery_hostname: str) -> dict[str, Any]:
+    """The report sent with ``trainhub.node_register``."""
+    return {
+        "capabilities": probe(node),
+        "labels": node.labels,
+        "ephemeral": node.ephemeral,
+        "celery_hostname": celery_hostname,
+    }

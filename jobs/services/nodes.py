@@ -1,0 +1,209 @@
+"""GPU nodes: identity (tokens), registration and heartbeats, drain, offline, delete.
+
+A node's status is derived from four facts and written by :func:`node_settle` alone:
+no heartbeat for ``TRAINHUB_NODE_OFFLINE_SECONDS`` → offline; else draining when asked;
+else busy while it holds an attempt; else idle. A node that turns idle triggers the
+dispatcher. Every operator action and every registration leaves a :class:`NodeEvent`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from gpu_worker import celery_conf
+from jobs.errors import Conflict, InvalidRequest, NotFound
+from jobs.models import GpuNode, NodeEvent
+
+log = logging.getLogger(__name__)
+N = GpuNode.Status
+NODE_TOKEN_PREFIX = "thn-"  # noqa: S105 - a public prefix, not a secret
+# The node name becomes a queue name (gpu.node.<name>) and a Celery hostname part.
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _audit(node: GpuNode, kind: str, message: str, actor: str = "") -> None:
+    NodeEvent.objects.create(
+        node=node, node_name=node.name, kind=kind, message=message, actor=actor
+    )
+
+
+def node_get(*, name: str) -> GpuNode:
+    node = GpuNode.objects.filter(name=name).first()
+    if node is None:
+        raise NotFound(f"No GPU node named '{name}'.", code="node_not_found")
+    return node
+
+
+def node_create(*, name: str, actor: str = "") -> tuple[GpuNode, str]:
+    """Create a node and return it with its token, which is never retrievable again."""
+    if not isinstance(name, str) or not _NODE_NAME.match(name):
+        raise InvalidRequest(
+            "name must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (it becomes the node's queue name).",
+            code="invalid_value",
+            param="name",
+        )
+    token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    try:
+        with transaction.atomic():
+            node = GpuNode.objects.create(name=name, token_sha256=_hash(token))
+            _audit(node, "created", "Node created.", actor)
+    except IntegrityError:
+        raise Conflict(f"A node named '{name}' already exists.", code="node_exists") from None
+    return node, token
+
+
+def node_rotate_token(*, node: GpuNode, actor: str = "") -> str:
+    """Issue a new token; the old one is refused from now on."""
+    token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        GpuNode.objects.filter(pk=node.pk).update(token_sha256=_hash(token))
+        _audit(node, "token_rotated", "Token rotated; the previous token is refused.", actor)
+    return token
+
+
+def node_authenticate(*, name: object, token: object) -> GpuNode | None:
+    """The node if ``token`` is its current token; None (and a log line) otherwise."""
+    node = GpuNode.objects.filter(name=name).first() if isinstance(name, str) else None
+    ok = (
+        node is not None
+        and isinstance(token, str)
+        and hmac.compare_digest(node.token_sha256, _hash(token))
+    )
+    if not ok:
+        log.warning("dropping a message from node %r: unknown node or wrong token", name)
+        return None
+    return node
+
+
+def node_settle(*, node_pk: int) -> str:
+    """Recompute and store the node's status from its facts; returns it."""
+    with transaction.atomic():
+        node = GpuNode.objects.select_for_update().get(pk=node_pk)
+        cutoff = timezone.now() - timedelta(seconds=settings.TRAINHUB_NODE_OFFLINE_SECONDS)
+        if node.last_heartbeat_at is None or node.last_heartbeat_at < cutoff:
+            status = N.OFFLINE
+        elif node.draining:
+            status = N.DRAINING
+        elif node.current_attempt_id is not None:
+            status = N.BUSY
+        else:
+            status = N.IDLE
+        if status != node.status:
+            GpuNode.objects.filter(pk=node.pk).update(status=status)
+            if status == N.OFFLINE:
+                _audit(node, "offline", "No heartbeat; node is offline.")
+            elif status == N.IDLE:  # a node free for work: look for a job
+                transaction.on_commit(send_dispatch)
+    return status
+
+
+def send_dispatch() -> None:
+    from trainhub.celery import app
+
+    app.send_task(celery_conf.DISPATCH)
+
+
+def _clean_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a node's registration we keep, with types enforced (it is remote input)."""
+    caps = report.get("capabilities") if isinstance(report.get("capabilities"), Mapping) else {}
+    gpus = [
+        {"name": str(g.get("name", ""))[:100], "vram_mb": int(g.get("vram_mb") or 0)}
+        for g in (caps.get("gpus") or [])[:64]
+        if isinstance(g, Mapping)
+    ]
+    labels = report.get("labels") if isinstance(report.get("labels"), Mapping) else {}
+    return {
+        "capabilities": {
+            "gpu_count": len(gpus),
+            "gpus": gpus,
+            **{
+                k: str(caps[k])[:100]
+                for k in ("cuda_version", "driver_version", "backend", "hostname")
+                if caps.get(k)
+            },
+        },
+        "labels": {str(k)[:63]: str(v)[:200] for k, v in list(labels.items())[:64]},
+        "ephemeral": bool(report.get("ephemeral")),
+        "celery_hostname": str(report.get("celery_hostname") or "")[:255],
+    }
+
+
+def node_register(*, name: object, token: object, report: Mapping[str, Any]) -> GpuNode | None:
+    """A node (re)started: store what it reported and bring it online."""
+    node = node_authenticate(name=name, token=token)
+    if node is None:
+        return None
+    now = timezone.now()
+    fields = _clean_report(report)
+    GpuNode.objects.filter(pk=node.pk).update(**fields, last_heartbeat_at=now, registered_at=now)
+    # Nodes re-register every few minutes; only a (re)start or a change is worth an audit line.
+    if node.status == N.OFFLINE or fields["capabilities"] != node.capabilities:
+        caps = fields["capabilities"]
+        gpus = ", ".join(f"{g['name']} ({g['vram_mb']} MiB)" for g in caps["gpus"]) or "no GPU"
+        _audit(node, "registered", f"Registered: {gpus}; backend {caps.get('backend', '?')}.")
+    node_settle(node_pk=node.pk)
+    return node
+
+
+def node_heartbeat(*, name: object, token: object) -> GpuNode | None:
+    node = node_authenticate(name=name, token=token)
+    if node is None:
+        return None
+    GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())
+    node_settle(node_pk=node.pk)
+    return node
+
+
+def node_stopping(*, name: object, token: object) -> None:
+    """A node shut down cleanly: offline now rather than after the heartbeat timeout."""
+    node = node_authenticate(name=name, token=token)
+    if node is not None:
+        GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=None)
+        node_settle(node_pk=node.pk)
+
+
+def nodes_mark_offline() -> int:
+    """Settle every node that looks online but has not heartbeaten in time; returns count."""
+    cutoff = timezone.now() - timedelta(seconds=settings.TRAINHUB_NODE_OFFLINE_SECONDS)
+    stale = GpuNode.objects.exclude(status=N.OFFLINE).filter(last_heartbeat_at__lt=cutoff)
+    return sum(node_settle(node_pk=pk) == N.OFFLINE for pk in stale.values_list("pk", flat=True))
+
+
+def node_set_draining(*, node: GpuNode, draining: bool, actor: str = "") -> GpuNode:
+    GpuNode.objects.filter(pk=node.pk).update(draining=draining)
+    if draining:
+        _audit(node, "drain", "Draining: finishes its current job, takes no new one.", actor)
+    else:
+        _audit(node, "undrain", "Accepting jobs again.", actor)
+    node_settle(node_pk=node.pk)
+    node.refresh_from_db()
+    return node
+
+
+def node_delete(*, node: GpuNode, actor: str = "") -> None:
+    """Delete an offline node; its audit trail stays (by name)."""
+    if node_settle(node_pk=node.pk) != N.OFFLINE:
+        raise Conflict(
+            f"Node '{node.name}' is {node.status}; only an offline node can be deleted "
+            "(drain it and stop its worker first).",
+            code="node_not_offline",
+        )
+    with transaction.atomic():
+        _audit(node, "deleted", "Node deleted.", actor)
+        node.delete()

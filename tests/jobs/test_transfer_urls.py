@@ -1,0 +1,336 @@
+"""Signed transfer URLs, mostly over real HTTP: the executor's own client against live_server.
+
+The view never touches the database, but live_server needs database access for its thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import socket
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+
+from gpu_worker import transfer as client
+from gpu_worker.errors import ExecutorError
+from jobs import storage, transfer
+
+pytestmark = pytest.mark.django_db
+
+KEY = storage.bundle_key(1, "ftjob-abc", 1)
+BODY = bytes(range(256)) * 10_000 + b"tail"  # ~2.5 MB: several 1 MiB chunks each way
+OLD = b"the object that was there before"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def base(live_server, settings) -> str:
+    settings.TRAINHUB_CONTROL_URL = live_server.url + "/"  # the trailing slash is dropped
+    return live_server.url
+
+
+@pytest.fixture
+def stored() -> bytes:
+    storage.save_stream(KEY, [BODY])
+    return BODY
+
+
+@pytest.fixture
+def old_object() -> bytes:
+    storage.save_stream(KEY, [OLD])
+    return OLD
+
+
+def get_url(ttl: int = 60) -> str:
+    return transfer.transfer_url(KEY, "GET", ttl_seconds=ttl)
+
+
+def put_url(*, max_bytes: int = 10 * len(BODY), sha256: str | None = None, ttl: int = 60) -> str:
+    return transfer.transfer_url(KEY, "PUT", ttl_seconds=ttl, max_bytes=max_bytes, sha256=sha256)
+
+
+def error_code(resp: requests.Response) -> str:
+    return resp.json()["error"]["code"]
+
+
+def current() -> bytes:
+    return storage.local_path(KEY).read_bytes()
+
+
+def no_temp_files() -> bool:
+    return not any(p.name.startswith(".upload-") for p in storage.local_path(KEY).parent.iterdir())
+
+
+# --- issuing ----------------------------------------------------------------------------------
+
+
+def _request_target(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.path}?{parts.query}"
+
+
+def test_url_shape(base: str) -> None:
+    url = put_url(sha256=sha(BODY).upper())
+    assert url.startswith(f"{base}/transfer/?t=")
+    token = parse_qs(urlsplit(url).query)["t"][0]
+    # The executor strips query strings from every message, so the token never reaches a log.
+    assert token not in client.redact(url)
+    assert transfer.signing.loads(token, salt=transfer.SALT)["sha256"] == sha(BODY)
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("DELETE", {}),
+        ("PUT", {}),  # a PUT without a size cap could fill the disk
+        ("PUT", {"max_bytes": 10, "sha256": "not-hex"}),
+        ("GET", {"max_bytes": 10}),
+    ],
+)
+def test_transfer_url_refuses_bad_arguments(method: str, extra: dict) -> None:
+    with pytest.raises(ValueError):
+        transfer.transfer_url(KEY, method, ttl_seconds=60, **extra)
+
+
+# --- the round trip through the executor's client ---------------------------------------------
+
+
+def test_upload_then_download_round_trip(base: str, tmp_path: Path) -> None:
+    src = tmp_path / "adapter.tar"
+    src.write_bytes(BODY)
+
+    size = client.upload(
+        src, put_url(sha256=sha(BODY)), what="bundle", content_type="application/x-tar"
+    )
+    assert size == len(BODY)
+    assert current() == BODY
+
+    dest = tmp_path / "down" / "adapter.tar"
+    assert client.download(get_url(), dest, sha256=sha(BODY), what="bundle") == len(BODY)
+    assert dest.read_bytes() == BODY
+
+
+def test_put_answers_size_and_sha256(base: str) -> None:
+    resp = requests.put(put_url(), data=BODY, timeout=10)
+    assert resp.status_code == 201
+    assert resp.json() == {"size": len(BODY), "sha256": sha(BODY)}
+
+
+def test_get_headers(base: str, stored: bytes) -> None:
+    resp = requests.get(get_url(), timeout=10)
+    assert resp.status_code == 200
+    assert resp.content == stored
+    assert resp.headers["Content-Length"] == str(len(stored))
+    assert resp.headers["Accept-Ranges"] == "bytes"
+    assert resp.headers["Content-Type"] == "application/octet-stream"
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def test_expired_url_is_refused(base: str, stored: bytes, tmp_path: Path) -> None:
+    url = get_url(ttl=-1)
+    resp = requests.get(url, timeout=10)
+    assert resp.status_code == 403
+    assert error_code(resp) == "transfer_expired"
+    assert "expired" in resp.json()["error"]["message"]
+
+    with pytest.raises(ExecutorError, match=r"HTTP 403.*expired"):
+        client.download(url, tmp_path / "x", what="bundle", attempts=1)
+
+
+def test_expired_put_leaves_the_object(base: str, old_object: bytes) -> None:
+    resp = requests.put(put_url(ttl=-1), data=BODY, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (403, "transfer_expired")
+    assert current() == old_object
+
+
+def test_tampered_token_is_refused(base: str, stored: bytes) -> None:
+    url = get_url()
+    i = url.index("?t=") + len("?t=") + 5
+    flipped = url[:i] + ("A" if url[i] != "A" else "B") + url[i + 1 :]
+    resp = requests.get(flipped, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (403, "transfer_forbidden")
+
+
+def test_token_from_another_secret_is_refused(base: str, stored: bytes, settings) -> None:
+    url = get_url()
+    settings.SECRET_KEY = "another-secret-key-" * 3
+    resp = requests.get(url, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (403, "transfer_forbidden")
+
+
+def test_get_url_cannot_put(base: str, old_object: bytes, tmp_path: Path) -> None:
+    src = tmp_path / "evil"
+    src.write_bytes(b"overwrite")
+    with pytest.raises(ExecutorError, match="HTTP 403"):
+        client.upload(src, get_url(), what="bundle", attempts=1)
+    assert current() == old_object
+
+
+def test_put_url_cannot_get(base: str, stored: bytes) -> None:
+    resp = requests.get(put_url(), timeout=10)
+    assert (resp.status_code, error_code(resp)) == (403, "transfer_forbidden")
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE", "PATCH", "HEAD"])
+def test_other_methods_are_not_allowed(base: str, stored: bytes, method: str) -> None:
+    resp = requests.request(method, get_url(), timeout=10)
+    assert resp.status_code == 405
+    assert resp.headers["Allow"] == "GET, PUT"
+    assert storage.exists(KEY)
+
+
+def test_missing_object_is_404(base: str, tmp_path: Path) -> None:
+    resp = requests.get(get_url(), timeout=10)
+    assert (resp.status_code, error_code(resp)) == (404, "not_found")
+    with pytest.raises(ExecutorError, match="HTTP 404"):
+        client.download(get_url(), tmp_path / "x", what="bundle", attempts=1)
+
+
+def test_error_messages_never_quote_the_token(base: str, old_object: bytes) -> None:
+    capped = put_url(max_bytes=4, sha256=sha(b"nope"))
+    cases = [
+        ("GET", get_url(ttl=-1), None),
+        ("PUT", get_url(), b"x"),
+        ("PUT", capped, b"xxxxxxxx"),
+        ("PUT", capped, b"xxx"),
+        ("DELETE", capped, None),
+    ]
+    for method, url, data in cases:
+        resp = requests.request(method, url, data=data, timeout=10)
+        assert resp.status_code >= 400
+        assert url.rsplit("/", 1)[1] not in resp.text
+        assert set(resp.json()["error"]) >= {"message", "type", "code"}
+
+
+# --- failed uploads leave the object as it was ------------------------------------------------
+
+
+def test_put_over_max_bytes_is_413(base: str, old_object: bytes, tmp_path: Path) -> None:
+    src = tmp_path / "big"
+    src.write_bytes(BODY)
+    url = put_url(max_bytes=len(BODY) - 1)
+    resp = requests.put(url, data=BODY, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (413, "too_large")
+    with pytest.raises(ExecutorError, match="HTTP 413"):
+        client.upload(src, url, what="bundle", attempts=1)
+    assert current() == old_object
+    assert no_temp_files()
+
+
+def test_oversized_content_length_is_refused_before_the_body(base: str, old_object: bytes) -> None:
+    # Announce 10 GB and send nothing: the answer must come without waiting for the body.
+    host = urlsplit(base)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    conn.putrequest("PUT", _request_target(put_url(max_bytes=1000)))
+    conn.putheader("Content-Length", str(10 * 1024**3))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413
+    conn.close()
+    assert current() == old_object
+
+
+def test_truncated_body_is_not_stored(base: str, old_object: bytes) -> None:
+    # The client dies mid-upload: the server sees EOF before Content-Length bytes.
+    host = urlsplit(base)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
+    conn.putrequest("PUT", _request_target(put_url()))
+    conn.putheader("Content-Length", "1000")
+    conn.endheaders(b"only ten b")
+    assert conn.sock is not None
+    conn.sock.shutdown(socket.SHUT_WR)
+    resp = conn.getresponse()
+    assert resp.status == 400
+    assert b"incomplete_body" in resp.read()
+    conn.close()
+    assert current() == old_object
+    assert no_temp_files()
+
+
+def test_put_without_content_length_is_411(base: str, old_object: bytes) -> None:
+    resp = requests.put(put_url(), data=iter([b"chunked", b"body"]), timeout=10)
+    assert (resp.status_code, error_code(resp)) == (411, "length_required")
+    assert current() == old_object
+
+
+def test_wrong_sha256_is_400(base: str, old_object: bytes, tmp_path: Path) -> None:
+    wrong = sha(b"something else")
+    resp = requests.put(put_url(sha256=wrong), data=BODY, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (400, "checksum_mismatch")
+    message = resp.json()["error"]["message"]
+    assert wrong in message and sha(BODY) in message
+    assert current() == old_object
+    assert no_temp_files()
+
+
+def test_save_stream_hash_mismatch_keeps_the_object(old_object: bytes) -> None:
+    with pytest.raises(storage.HashMismatch) as info:
+        storage.save_stream(KEY, [b"new"], expected_sha256=sha(b"other").upper())
+    assert (info.value.expected, info.value.actual) == (sha(b"other"), sha(b"new"))
+    assert current() == old_object
+    assert no_temp_files()
+    assert storage.save_stream(KEY, [b"new"], expected_sha256=sha(b"new")).size == 3
+
+
+# --- ranges -----------------------------------------------------------------------------------
+
+
+def ranged(url: str, spec: str) -> requests.Response:
+    return requests.get(url, headers={"Range": f"bytes={spec}"}, timeout=10)
+
+
+def test_ranges_reassemble_the_object(base: str, stored: bytes) -> None:
+    url, size = get_url(), len(stored)
+    head = ranged(url, "0-99")
+    middle = ranged(url, f"100-{size - 1001}")
+    tail = ranged(url, "-1000")
+    for resp in (head, middle, tail):
+        assert resp.status_code == 206
+        assert resp.headers["Content-Length"] == str(len(resp.content))
+    assert head.headers["Content-Range"] == f"bytes 0-99/{size}"
+    assert tail.headers["Content-Range"] == f"bytes {size - 1000}-{size - 1}/{size}"
+    assert head.content + middle.content + tail.content == stored
+
+
+def test_open_ended_range_resumes_a_download(base: str, stored: bytes) -> None:
+    resp = ranged(get_url(), "1048577-")
+    assert resp.status_code == 206
+    assert resp.headers["Content-Range"] == f"bytes 1048577-{len(stored) - 1}/{len(stored)}"
+    assert stored[:1048577] + resp.content == stored
+
+
+@pytest.mark.parametrize(
+    ("spec", "first", "last"),
+    [("0-0", 0, 0), ("10-999999999", 10, None), ("-999999999", 0, None)],
+)
+def test_ranges_clamp_to_the_object(
+    base: str, stored: bytes, spec: str, first: int, last: int | None
+) -> None:
+    last = len(stored) - 1 if last is None else last
+    resp = ranged(get_url(), spec)
+    assert resp.status_code == 206
+    assert resp.content == stored[first : last + 1]
+
+
+@pytest.mark.parametrize("spec", [f"{len(BODY)}-", f"{len(BODY) + 5}-{len(BODY) + 9}", "-0"])
+def test_unsatisfiable_range_is_416(base: str, stored: bytes, spec: str) -> None:
+    resp = ranged(get_url(), spec)
+    assert (resp.status_code, error_code(resp)) == (416, "range_not_satisfiable")
+    assert resp.headers["Content-Range"] == f"bytes */{len(stored)}"
+
+
+@pytest.mark.parametrize("spec", ["0-1,5-6", "9-3", "abc", "-"])
+def test_multi_and_malformed_ranges_get_the_whole_object(
+    base: str, stored: bytes, spec: str
+) -> None:
+    resp = ranged(get_url(), spec)
+    assert resp.status_code == 200
+    assert resp.content == stored
