@@ -49,6 +49,19 @@ def _block_outbound_network() -> Iterator[None]:
     socket.socket.connect_ex = _real_connect_ex  # type: ignore[method-assign]
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-init Llama + tokenizer, built offline once for the whole session."""
+    import torch
+
+    # Two cores shared with other processes: one intra-op thread avoids OpenMP oversubscription,
+    # which made the same run 10-20x slower under load here.
+    torch.set_num_threads(1)
+    from gpu_worker.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_storage(settings, tmp_path: Path) -> None:
     settings.TRAINHUB_STORAGE_DIR = tmp_path / "storage"

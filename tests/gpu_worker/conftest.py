@@ -15,21 +15,6 @@ import pytest
 
 from gpu_worker.datasets import DEMO_DATASET_PATH
 
-MODEL_DIR_NAME = "tiny-llama"
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random-init Llama + tokenizer, built offline once for the whole session."""
-    import torch
-
-    # Two cores shared with other processes: one intra-op thread avoids OpenMP oversubscription,
-    # which made the same run 10-20x slower under load here.
-    torch.set_num_threads(1)
-    from gpu_worker.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("model") / MODEL_DIR_NAME)
-
 
 def _demo_records() -> list[dict[str, Any]]:
     with DEMO_DATASET_PATH.open(encoding="utf-8") as fh:

@@ -1,0 +1,179 @@
+"""Real processes for end-to-end tests: the control plane's Celery worker (module-scoped), the
+web side (pytest-django's live server: claims and signed transfers), and GPU nodes started
+per test as ``celery -A gpu_worker.celery_app worker`` with their own tokens.
+
+All of them share the pytest PostgreSQL database, the machine's Redis and one storage folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from gpu_worker import celery_conf as cc
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE_TTL_SECONDS = 6  # short, so a killed node's attempt is found lost within seconds
+pytestmark = [pytest.mark.slow]
+
+
+def database_url(db: dict) -> str:
+    user = quote(db.get("USER") or "", safe="")
+    password = quote(db.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+class Process:
+    """A child process with its log; started in its own process group (killpg kills it all)."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.command, self.env, self.log = name, command, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill_group(self) -> None:
+        """SIGKILL the whole process group: the worker, its pool child (and what they spawned)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float, *logs: Process) -> object:
+    """Poll until ``check()`` is truthy; fail with the processes' logs otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    tails = "\n".join(f"--- {p.name} ---\n{p.tail()}" for p in logs)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def control_worker(
+    django_db_setup, django_db_blocker, live_server, shared_dir
+) -> Iterator[Process]:
+    """The control plane's worker (queue ``default``) on the test database."""
+    if connection.vendor != "postgresql":
+        pytest.skip("worker processes need a shared server database (PostgreSQL)")
+    from trainhub.celery import app
+
+    with app.connection_for_write() as conn:  # leftovers of earlier runs must not be consumed
+        conn.default_channel.queue_purge(cc.DEFAULT_QUEUE)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "trainhub.settings",
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "TRAINHUB_STORAGE_DIR": str(shared_dir / "storage"),
+        "TRAINHUB_VAR_DIR": str(shared_dir / "var"),
+        "TRAINHUB_CONTROL_URL": live_server.url,
+        "TRAINHUB_LEASE_TTL_SECONDS": str(LEASE_TTL_SECONDS),
+        "TRAINHUB_LOG_LEVEL": "INFO",
+        # Transfer URLs are signed by the worker and checked by the web side: one key.
+        "DJANGO_SECRET_KEY": settings.SECRET_KEY,
+    }
+    worker = Process(
+        "control-worker",
+        [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", cc.DEFAULT_QUEUE,
+         "-c", "1", "-P", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
+         "-l", "info", "-n", f"control-{os.getpid()}@%h"],
+        env, shared_dir / "control-worker.log",
+    ).start()  # fmt: skip
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def plane(control_worker, live_server, shared_dir, settings, tiny_model_dir) -> Process:
+    """This test process acts as the web side: same storage, same control URL, the tiny model
+    allowed, and the same short lease as the worker."""
+    settings.TRAINHUB_STORAGE_DIR = shared_dir / "storage"
+    settings.TRAINHUB_CONTROL_URL = live_server.url
+    settings.TRAINHUB_LEASE_TTL_SECONDS = LEASE_TTL_SECONDS
+    settings.TRAINHUB_ALLOWED_MODELS = ["*/*", str(tiny_model_dir)]
+    return control_worker
+
+
+@pytest.fixture
+def start_node(shared_dir) -> Iterator[Callable[..., Process]]:
+    """``start_node(name, token, **env)``: a GPU node worker process (CPU here: no GPU)."""
+    from trainhub.celery import app
+
+    started: list[Process] = []
+
+    def start(name: str, token: str, **extra: str) -> Process:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(cc.node_queue(name))
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("DJANGO")},
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "TRAINHUB_NODE_NAME": name,
+            "TRAINHUB_NODE_TOKEN": token,
+            "TRAINHUB_NODE_GPUS": "",
+            "TRAINHUB_NODE_HEARTBEAT_SECONDS": "1",
+            "TRAINHUB_NODE_WORKDIR": str(shared_dir / "nodes" / name),
+            "TRAINHUB_NODE_CANCEL_GRACE_SECONDS": "10",
+            "TRAINHUB_CHECKPOINT_EVERY_STEPS": "5",
+            "OMP_NUM_THREADS": "1",  # two cores: one torch thread per executor
+            "HF_HUB_OFFLINE": "1",
+            **extra,
+        }
+        node = Process(
+            f"node {name}",
+            [sys.executable, "-m", "celery", "-A", "gpu_worker.celery_app", "worker",
+             "-Q", cc.node_queue(name), "-c", "1", "--prefetch-multiplier", "1",
+             "-n", f"{name}@%h", "--without-heartbeat", "--without-gossip", "--without-mingle",
+             "-l", "info"],
+            env, shared_dir / f"node-{name}.log",
+        ).start()  # fmt: skip
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()

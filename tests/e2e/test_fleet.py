@@ -1,0 +1,303 @@
+"""The own GPU fleet end to end, with real processes: the API (this process and the live
+server), the control plane's worker on Redis, and GPU node workers that run the real executor
+on the tiny model. Nothing is mocked."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_worker.bundle import verify_bundle
+from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
+from jobs.services.attempts import attempts_expire_leases
+from jobs.services.nodes import node_create
+from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, wait_for
+from tests.jobs._api import upload
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+TRAIN_TIMEOUT = 180
+
+
+def _node(name: str) -> str:
+    _, token = node_create(name=name, actor="test")
+    return token
+
+
+def _node_status(name: str) -> str | None:
+    return GpuNode.objects.filter(name=name).values_list("status", flat=True).first()
+
+
+def _wait_idle(name: str, *procs: Process) -> None:
+    wait_for(f"node {name} to register", lambda: _node_status(name) == "idle", 60, *procs)
+
+
+def _submit(api: Any, model: Path, demo_dataset: bytes, **fields: Any) -> str:
+    uploaded = upload(api, demo_dataset)
+    assert uploaded.status_code == 201, uploaded.content
+    body = {
+        "model": str(model),
+        "training_file": uploaded.json()["id"],
+        "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+        "hyperparameters": {"n_epochs": 1, "batch_size": 4, "learning_rate": 0.002,
+                            "max_seq_length": 128, "warmup_ratio": 0.0,
+                            "gradient_checkpointing": False},
+        **fields,
+    }  # fmt: skip
+    created = api.post("/api/v1/jobs/", body, format="json")
+    assert created.status_code == 201, created.content
+    return created.json()["id"]
+
+
+def _job(job_id: str) -> TrainingJob:
+    return TrainingJob.objects.get(public_id=job_id)
+
+
+def _status_is(job_id: str, *statuses: str) -> bool:
+    return _job(job_id).status in statuses
+
+
+def _events(job_id: str, type_: str | None = None) -> list[JobEvent]:
+    rows = JobEvent.objects.filter(job__public_id=job_id).order_by("number")
+    return list(rows.filter(type=type_) if type_ else rows)
+
+
+def test_a_job_runs_on_an_idle_node_and_its_adapter_is_verified(
+    plane, start_node, api, demo_dataset, tiny_model_dir, tmp_path
+) -> None:
+    node = start_node("node-a", _node("node-a"))
+    _wait_idle("node-a", node, plane)
+    registered = GpuNode.objects.get(name="node-a")
+    assert registered.capabilities["backend"] == "peft"
+    assert registered.capabilities["gpu_count"] == 0
+    assert registered.celery_hostname.startswith("node-a@")
+
+    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    wait_for(
+        "the job to succeed",
+        lambda: _status_is(job_id, "succeeded", "failed", "cancelled"),
+        TRAIN_TIMEOUT,
+        node,
+        plane,
+    )
+    job = _job(job_id)
+    assert job.status == "succeeded", (job.error_code, job.error_message)
+    attempt = JobAttempt.objects.get(job=job)
+    assert (attempt.node_name, attempt.end_reason) == ("node-a", "succeeded")
+    assert attempt.claimed_at is not None and attempt.started_at is not None
+    statuses = [
+        e.data["status"] for e in _events(job_id, "status") if e.attempt == 0 and "status" in e.data
+    ]
+    assert statuses == [
+        "validating_files", "queued", "provisioning", "running", "finalizing", "succeeded"
+    ]  # fmt: skip
+    assert any(e.type == "metrics" for e in _events(job_id))
+
+    # The stored adapter is the executor's bundle, verified; it downloads and reloads.
+    listed = api.get(f"/api/v1/jobs/{job_id}/artifacts/").json()["data"]
+    assert len(listed) == 1 and listed[0]["sha256"]
+    response = api.get(f"/api/v1/artifacts/{listed[0]['id']}/download/")
+    body = b"".join(response.streaming_content)
+    assert response["X-Checksum-SHA256"] == listed[0]["sha256"]
+    assert verify_bundle([body]).sha256 == listed[0]["sha256"]
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        tar.extractall(tmp_path / "adapter", filter="data")
+    _assert_reloads(tiny_model_dir, tmp_path / "adapter")
+
+    # The node is free again and said nothing it was not asked.
+    wait_for("node-a to be idle", lambda: _node_status("node-a") == "idle", 20, node)
+    assert GpuNode.objects.get(name="node-a").current_attempt is None
+
+
+def _assert_reloads(base: Path, adapter_dir: Path) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter_dir)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert torch.isfinite(logits).all()
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+
+
+def test_cancel_while_running_stops_the_executor_and_frees_the_node(
+    plane, start_node, api, demo_dataset, tiny_model_dir
+) -> None:
+    node = start_node("node-c", _node("node-c"))
+    _wait_idle("node-c", node, plane)
+    job_id = _submit(
+        api, tiny_model_dir, demo_dataset, hyperparameters={"n_epochs": 50, "batch_size": 2}
+    )
+    wait_for(
+        "training to start",
+        lambda: any(e.type == "metrics" for e in _events(job_id)),
+        TRAIN_TIMEOUT,
+        node,
+        plane,
+    )
+    cancelled = api.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert cancelled.status_code == 200, cancelled.content
+    assert cancelled.json()["status"] == "cancelling"
+    wait_for("the job to be cancelled", lambda: _status_is(job_id, "cancelled"), 60, node, plane)
+    attempt = JobAttempt.objects.get(job__public_id=job_id)
+    assert attempt.end_reason == "cancelled"
+    # The executor stopped by itself (cancel file), not by a signal: it reported it.
+    assert any(
+        e.attempt == 1 and e.type == "status" and e.data.get("status") == "cancelled"
+        for e in _events(job_id)
+    )
+    wait_for("node-c to be idle", lambda: _node_status("node-c") == "idle", 20, node)
+    assert node.alive()
+
+
+def test_a_node_killed_mid_training_loses_the_attempt_and_the_job_resumes_elsewhere(
+    plane, start_node, api, demo_dataset, tiny_model_dir
+) -> None:
+    token = _node("node-k")
+    node = start_node("node-k", token)
+    _wait_idle("node-k", node, plane)
+    job_id = _submit(api, tiny_model_dir, demo_dataset, hyperparameters={"n_epochs": 4})
+    wait_for(
+        "a checkpoint",
+        lambda: any(e.type == "checkpoint" for e in _events(job_id)),
+        TRAIN_TIMEOUT,
+        node,
+        plane,
+    )
+    assert _executors_of(job_id), "the executor should be running now"
+    node.kill_group()  # the worker and its pool child; the executor dies with its supervisor
+    wait_for("the orphaned executor to die", lambda: not _executors_of(job_id), 10)
+
+    # The attempt's lease runs out (no heartbeats), so beat's expire_leases finds it lost.
+    wait_for(
+        "the lost attempt to end and the job to be requeued",
+        lambda: attempts_expire_leases() or _status_is(job_id, "queued"),
+        LEASE_TTL_SECONDS * 4,
+        plane,
+    )
+    first = JobAttempt.objects.get(job__public_id=job_id, number=1)
+    assert first.end_reason == "lease_expired"
+    assert _job(job_id).status == "queued"
+
+    restarted = start_node("node-k", token)
+    wait_for(
+        "the job to succeed on the restarted node",
+        lambda: _status_is(job_id, "succeeded", "failed"),
+        TRAIN_TIMEOUT,
+        restarted,
+        plane,
+    )
+    job = _job(job_id)
+    assert job.status == "succeeded", (job.error_code, job.error_message)
+    second = JobAttempt.objects.get(job=job, number=2)
+    assert second.node_name == "node-k" and second.end_reason == "succeeded"
+    resumed = [e for e in _events(job_id) if e.attempt == 2 and "Resuming from" in e.message]
+    assert resumed, "the second attempt started from zero"
+    step = resumed[0].data["step"]
+    assert step >= 5 and step % 5 == 0
+    final = [e for e in _events(job_id) if e.attempt == 2 and e.type == "metrics"][-1].data
+    assert final["step"] == final["total_steps"] == 60  # 60 examples / 4 per step x 4 epochs
+
+
+def _executors_of(job_id: str) -> list[int]:
+    """Pids of live executor processes (``python -m gpu_worker run …/<job>-aN/spec.json``)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "gpu_worker run" in cmdline and f"/{job_id}-a" in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_jobs_go_only_to_a_node_whose_labels_fit_and_others_wait_saying_why(
+    plane, start_node, api, demo_dataset, tiny_model_dir
+) -> None:
+    us = start_node("node-us", _node("node-us"), TRAINHUB_NODE_LABELS="region=us-east,tier=spot")
+    eu = start_node("node-eu", _node("node-eu"), TRAINHUB_NODE_LABELS="region=eu-west")
+    _wait_idle("node-us", us, plane)
+    _wait_idle("node-eu", eu, plane)
+    assert GpuNode.objects.get(name="node-eu").labels == {"region": "eu-west"}
+
+    fits = _submit(api, tiny_model_dir, demo_dataset, node_selector={"region": "eu-*"})
+    nothing = _submit(api, tiny_model_dir, demo_dataset, gpu={"count": 1, "min_vram_gb": 40})
+    wait_for(
+        "the eu job to succeed", lambda: _status_is(fits, "succeeded"), TRAIN_TIMEOUT, eu, plane
+    )
+    assert JobAttempt.objects.get(job__public_id=fits).node_name == "node-eu"
+
+    # The GPU job fits neither CPU node: it stays queued, and says why, once.
+    job = api.get(f"/api/v1/jobs/{nothing}/").json()
+    assert job["status"] == "queued"
+    assert "No online node fits" in job["waiting_reason"]
+    assert "node-us has 0 GPU(s), the job needs 1" in job["waiting_reason"]
+    notes = [e for e in _events(nothing) if "No online node fits" in e.message]
+    assert len(notes) == 1
+    assert not JobAttempt.objects.filter(job__public_id=nothing).exists()
+
+
+def test_drain_finishes_the_current_job_and_takes_no_new_one(
+    plane, start_node, api, demo_dataset, tiny_model_dir, make_user, make_client
+) -> None:
+    admin = make_client(make_user("root", is_staff=True))
+    node = start_node("node-d", _node("node-d"))
+    _wait_idle("node-d", node, plane)
+    first = _submit(api, tiny_model_dir, demo_dataset)
+    wait_for("the job to start", lambda: _status_is(first, "running"), TRAIN_TIMEOUT, node, plane)
+
+    drained = admin.post("/api/v1/nodes/node-d/drain/")
+    assert drained.status_code == 200, drained.content
+    assert drained.json()["status"] == "draining"
+    second = _submit(api, tiny_model_dir, demo_dataset)
+    wait_for(
+        "the first job to succeed", lambda: _status_is(first, "succeeded"), TRAIN_TIMEOUT, node
+    )
+    assert _node_status("node-d") == "draining"
+    assert _job(second).status == "queued"
+    assert "node-d (draining)" in _job(second).waiting_reason
+
+    admin.post("/api/v1/nodes/node-d/undrain/")
+    wait_for(
+        "the second job to succeed", lambda: _status_is(second, "succeeded"), TRAIN_TIMEOUT, node
+    )
+    kinds = list(
+        NodeEvent.objects.filter(node_name="node-d").order_by("id").values_list("kind", flat=True)
+    )
+    assert kinds[:3] == ["created", "registered", "drain"] and "undrain" in kinds
+
+
+def test_a_rotated_token_is_refused_at_once(plane, start_node, make_user, make_client) -> None:
+    admin = make_client(make_user("root", is_staff=True))
+    created = admin.post("/api/v1/nodes/", {"name": "node-r"}, format="json")
+    assert created.status_code == 201, created.content
+    old = created.json()["token"]
+    node = start_node("node-r", old)
+    _wait_idle("node-r", node, plane)
+
+    rotated = admin.post("/api/v1/nodes/node-r/rotate-token/")
+    assert rotated.status_code == 200
+    new = rotated.json()["token"]
+    assert new != old and "token" not in admin.get("/api/v1/nodes/node-r/").json()
+    # The running node still speaks with the old token: its heartbeats are dropped from now on,
+    # so it goes offline; restarted with the new token it is back.
+    seen = GpuNode.objects.get(name="node-r").last_heartbeat_at
+    wait_for("a heartbeat to be refused", lambda: "wrong token" in plane.tail(20000), 20, plane)
+    assert GpuNode.objects.get(name="node-r").last_heartbeat_at == seen
+    node.stop()
+    fresh = start_node("node-r", new)
+    wait_for(
+        "a heartbeat with the new token",
+        lambda: GpuNode.objects.get(name="node-r").last_heartbeat_at != seen,
+        30,
+        fresh,
+        plane,
+    )
+    kinds = set(NodeEvent.objects.filter(node_name="node-r").values_list("kind", flat=True))
+    assert {"created", "registered", "token_rotated"} <= kinds
