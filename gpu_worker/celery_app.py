@@ -1,6 +1,7 @@
-"""The GPU node's Celery app: ``celery -A gpu_worker.celery_app worker -Q gpu.node.<name>
--c 1 --prefetch-multiplier 1 -n <name>@%h`` (Procfile ``gpu``). No Django: a node holds the
-broker URL and its own token, nothing else (settings: gpu_worker.node).
+"""The GPU node's Celery app: ``celery -A gpu_worker.celery_app worker -c 1
+--prefetch-multiplier 1 -n <name>@%h`` (Procfile ``gpu``); it consumes ``gpu.node.<name>``
+(its default queue). No Django: a node holds the broker URL and its own token, nothing else
+(settings: gpu_worker.node).
 
 - ``run_attempt`` (queue ``gpu.node.<name>``) is the thin supervisor (gpu_worker.supervisor).
   ``acks_late`` + ``reject_on_worker_lost``: a message whose worker died is not lost, and its

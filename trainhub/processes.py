@@ -102,9 +102,7 @@ def beat_command(schedule_file: Path) -> list[str]:
 
 
 def node_command(name: str) -> list[str]:
-    """A GPU node (Procfile ``gpu``): its own queue, one job at a time."""
-    from gpu_worker.celery_conf import node_queue
-
+    """A GPU node (Procfile ``gpu``): queue gpu.node.<TRAINHUB_NODE_NAME>, one job at a time."""
     return [sys.executable, "-m", "celery", "-A", "gpu_worker.celery_app", "worker",
-            "-Q", node_queue(name), "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}@%h",
+            "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}@%h",
             "-l", "info", "--without-gossip", "--without-mingle"]  # fmt: skip

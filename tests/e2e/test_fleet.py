@@ -309,6 +309,18 @@ def test_drain_finishes_the_current_job_and_takes_no_new_one(
     assert kinds[:3] == ["created", "registered", "drain"] and "undrain" in kinds
 
 
+def test_an_ephemeral_node_exits_after_one_job(
+    plane, start_node, api, demo_dataset, tiny_model_dir
+) -> None:
+    node = start_node("node-e", _node("node-e"), TRAINHUB_NODE_EPHEMERAL="1")
+    _wait_idle("node-e", node, plane)
+    assert GpuNode.objects.get(name="node-e").ephemeral
+    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    wait_for("the job to succeed", lambda: _status_is(job_id, "succeeded"), TRAIN_TIMEOUT, node)
+    wait_for("the node to exit", lambda: not node.alive(), 30, node)
+    wait_for("the node to be offline", lambda: _node_status("node-e") == "offline", 10, plane)
+
+
 def test_a_rotated_token_is_refused_at_once(plane, start_node, make_user, make_client) -> None:
     admin = make_client(make_user("root", is_staff=True))
     created = admin.post("/api/v1/nodes/", {"name": "node-r"}, format="json")

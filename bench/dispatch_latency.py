@@ -1,0 +1,698 @@
+"""Dispatch latency of the own GPU fleet: ``POST /api/v1/jobs/`` to the node's task starting.
+
+Starts real processes on one machine: gunicorn (``trainhub.wsgi -w 2``), one control-plane
+Celery worker (queue ``default``; prefork ``-c 2`` as in the Procfile, ``--control-pool``) and one
+GPU node worker (``celery -A gpu_worker.celery_app``, CPU only) on Redis, with no beat, so only
+the event-driven path (the on-commit ``trainhub.dispatch`` message) can place a job. Then, one
+job at a time on an idle node, it times:
+
+- **dispatch latency**, per job: ``t0`` = wall clock just before the POST is sent, to the
+  attempt's ``claimed_at`` (the claim endpoint's ``timezone.now()``; the node's task claims
+  first thing, so this is an upper bound that includes the claim's HTTP round trip), and to the
+  node worker's ``Task gpu_worker.run_attempt[...] received`` log line (a lower bound: the task
+  starts in the pool child after it). p50/p95/max/mean over ``--jobs`` jobs, PASS/FAIL against
+  p50 <= 100 ms. Each job is cancelled through the API as soon as it is claimed.
+- **executor process start -> first training step**, on ``--first-step`` jobs that train, in
+  two ways: in the fleet (the supervisor's ``starting attempt`` log line, just before it spawns
+  ``python -m gpu_worker run``, to the ``running`` status event as stored), and the same
+  executor command run by this script on a real attempt spec with a JSON-lines sink, whose
+  events keep the executor's own ``ts`` (the control plane does not store it).
+
+    .venv/bin/python bench/dispatch_latency.py [--jobs 50] [--first-step 5] [--keep-logs]
+
+Database: ``--database-url``, else ``BENCH_DISPATCH_DATABASE_URL``, else ``DATABASE_URL``'s
+server with the database ``trainhub_dispatch_bench``, else that name on 127.0.0.1. It is dropped
+and created again on every run (its name must contain ``dispatch_bench``). Broker: ``--broker-url``
+(default ``redis://127.0.0.1:6379/3``, not the tests' database). Exits 0 once measured (the
+verdict is printed), 1 if it could not run. About 5 minutes on 2 cores. Method and figures:
+docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import requests
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+DB_NAME = "trainhub_dispatch_bench"
+DEFAULT_BROKER = "redis://127.0.0.1:6379/3"
+GOAL_P50_MS = 100.0
+NODE_NAME = "bench-node"
+# One key for every process: the worker signs the transfer URLs that gunicorn checks.
+SECRET_KEY = "trainhub-dispatch-bench-not-a-secret-" + "x" * 24  # noqa: S105 - throwaway
+DATASET = ROOT / "gpu_worker" / "data" / "demo_chat.jsonl"
+JOB_TIMEOUT = 120.0
+POLL = 0.05  # the bench's own polling; it never enters a measured interval
+
+# Celery's default worker log format and the executor's (logging.basicConfig in __main__).
+_CELERY_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/[^\]]*\] (.*)$")
+_EXECUTOR_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
+_RECEIVED = re.compile(r"Task gpu_worker\.run_attempt\[[^\]]+\] received")
+_TASK_DONE = re.compile(r"Task gpu_worker\.run_attempt\[[^\]]+\] (succeeded|raised|failed)")
+
+
+class BenchError(Exception):
+    """The bench could not run (a process died, something timed out)."""
+
+
+# --- database -------------------------------------------------------------------------------
+
+
+def bench_database_url(cli: str | None) -> str:
+    if cli:
+        return cli
+    if os.environ.get("BENCH_DISPATCH_DATABASE_URL"):
+        return os.environ["BENCH_DISPATCH_DATABASE_URL"]
+    url = os.environ.get("DATABASE_URL", "")
+    if url.startswith(("postgres://", "postgresql://")):
+        return urlunsplit(urlsplit(url)._replace(path="/" + DB_NAME))
+    return f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
+
+
+def database_recreate(url: str) -> str:
+    """Drop and create the bench database; returns the server's version line."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        row = conn.execute("SELECT version()").fetchone()
+    return str(row[0]).split(" on ")[0] if row else "PostgreSQL"
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+class Proc:
+    """A child in its own process group, output to a log file."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log = name, log
+        with log.open("ab") as out:
+            self.popen = subprocess.Popen(  # noqa: S603 - argv built here
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def check(self) -> None:
+        if self.popen.poll() is not None:
+            raise BenchError(f"{self.name} exited with {self.popen.returncode}:\n{self.tail()}")
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the group (a warm shutdown), SIGKILL it if it is still there after timeout."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):  # pool children left behind, if any
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, procs: list[Proc]) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.check()
+        value = check()
+        if value:
+            return value
+        time.sleep(POLL)
+    raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class LogTail:
+    """Timestamped lines appended to a log file since the last mark."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def mark(self) -> None:
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def lines(self) -> Iterator[tuple[float, str]]:
+        """(unix time, message) of each celery or executor log line after the mark."""
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            for raw in fh.read().decode(errors="replace").splitlines():
+                m = _CELERY_LINE.match(raw) or _EXECUTOR_LINE.match(raw)
+                if m:  # asctime is local time with milliseconds
+                    ts = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    yield ts, m.group(2)
+
+    def first(self, pattern: re.Pattern[str] | str) -> float | None:
+        for ts, message in self.lines():
+            if (pattern.search(message) if isinstance(pattern, re.Pattern) else pattern in message):
+                return ts
+        return None
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Stamps:
+    """Wall-clock times (unix seconds) of one job's way to its node."""
+
+    t0: float  # just before the POST is sent
+    response: float  # the POST's response read
+    created: float  # TrainingJob.created_at (gunicorn, inside the request)
+    attempt: float  # JobAttempt.created_at (the dispatcher placed it, control worker)
+    received: float | None  # node worker log: Task gpu_worker.run_attempt[...] received
+    claimed: float  # JobAttempt.claimed_at (claim endpoint, gunicorn)
+    extra: dict[str, float | None] = field(default_factory=dict)
+
+    def ms(self, stamp: float | None, since: float | None = None) -> float | None:
+        if stamp is None:
+            return None
+        return (stamp - (self.t0 if since is None else since)) * 1000
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args, self.tmp = args, tmp
+        self.procs: list[Proc] = []
+        self.http = requests.Session()
+        self.base = ""
+        self.model_dir = tmp / "tiny-model"
+        self.node_log = LogTail(tmp / "node.log")
+        self.training_file = ""
+
+    # --- setup ---
+
+    def env(self, port: int) -> dict[str, str]:
+        from cryptography.fernet import Fernet
+
+        return {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "trainhub.settings",
+            "DATABASE_URL": self.args.url,
+            "CELERY_BROKER_URL": self.args.broker_url,
+            "DJANGO_SECRET_KEY": SECRET_KEY,
+            "TRAINHUB_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+            "TRAINHUB_VAR_DIR": str(self.tmp / "var"),
+            "TRAINHUB_STORAGE_DIR": str(self.tmp / "storage"),
+            "TRAINHUB_CONTROL_URL": f"http://127.0.0.1:{port}",
+            "TRAINHUB_ALLOWED_MODELS": f"*/*,{self.model_dir}",
+            "TRAINHUB_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def node_env(self, token: str) -> dict[str, str]:
+        """What a node holds: the broker and its token, no Django settings (as tests/e2e)."""
+        return {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "TRAINHUB_"))},
+            "CELERY_BROKER_URL": self.args.broker_url,
+            "TRAINHUB_NODE_NAME": NODE_NAME,
+            "TRAINHUB_NODE_TOKEN": token,
+            "TRAINHUB_NODE_GPUS": "",
+            "TRAINHUB_NODE_HEARTBEAT_SECONDS": "1",
+            "TRAINHUB_NODE_WORKDIR": str(self.tmp / "node"),
+            "TRAINHUB_NODE_CANCEL_GRACE_SECONDS": "10",
+            "OMP_NUM_THREADS": "1",  # two cores: one torch thread per executor
+            "HF_HUB_OFFLINE": "1",
+        }
+
+    def start(self) -> None:
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        env = self.env(port)
+        os.environ.update({k: env[k] for k in env if k.startswith(("DJANGO", "TRAINHUB", "DATA"))})
+        os.environ["CELERY_BROKER_URL"] = self.args.broker_url
+        # The tiny model builds (torch import included) while the database is migrated.
+        builder = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "gpu_worker", "make-tiny-model", str(self.model_dir)],
+            cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+        from django.contrib.auth import get_user_model
+        from django.core.management import call_command
+        from django.db import connections
+
+        from gpu_worker import celery_conf as cc
+        from jobs.services.nodes import node_create
+        from jobs.services.projects import api_key_create, project_create
+        from trainhub.celery import app
+
+        call_command("migrate", verbosity=0)
+        user = get_user_model().objects.create_user(username="bench", password=None)
+        project = project_create(name="dispatch-bench", owner=user, default=True)
+        _, raw_key = api_key_create(user=user, name="bench", project=project)
+        _, node_token = node_create(name=NODE_NAME, actor="bench")
+        connections.close_all()
+        with app.connection_for_write() as conn:  # leftovers of an interrupted run
+            for queue in (cc.DEFAULT_QUEUE, cc.node_queue(NODE_NAME)):
+                conn.default_channel.queue_purge(queue)
+        _, err = builder.communicate(timeout=300)
+        if builder.returncode != 0:
+            raise BenchError(f"building the tiny model failed:\n{err.decode()[-2000:]}")
+
+        celery = [sys.executable, "-m", "celery"]
+        pool = {
+            "prefork": ["-P", "prefork", "-c", "2"],
+            "solo": ["-P", "solo"],
+            "threads": ["-P", "threads", "-c", "4"],
+        }[self.args.control_pool]
+        self.procs.append(Proc(
+            "gunicorn",
+            [sys.executable, "-m", "gunicorn", "trainhub.wsgi", "-b", f"127.0.0.1:{port}",
+             "-w", "2", "--log-level", "warning"],
+            env, self.tmp / "gunicorn.log",
+        ))  # fmt: skip
+        self.procs.append(Proc(
+            "control worker",
+            [*celery, "-A", "trainhub", "worker", "-Q", cc.DEFAULT_QUEUE, *pool, "-l", "info",
+             "-n", "bench-control@%h", "--without-gossip", "--without-mingle"],
+            env, self.tmp / "control-worker.log",
+        ))  # fmt: skip
+        self.procs.append(Proc(
+            "node worker",
+            [*celery, "-A", "gpu_worker.celery_app", "worker", "-Q", cc.node_queue(NODE_NAME),
+             "-c", "1", "--prefetch-multiplier", "1", "-n", f"{NODE_NAME}@%h", "-l", "info",
+             "--without-gossip", "--without-mingle"],
+            self.node_env(node_token), self.node_log.path,
+        ))  # fmt: skip
+        self.http.headers["Authorization"] = f"Bearer {raw_key}"
+
+        def web_ready() -> bool:
+            with contextlib.suppress(requests.RequestException):
+                return self.http.get(f"{self.base}/api/v1/jobs/?limit=1", timeout=2).ok
+            return False
+
+        wait_for("gunicorn to answer", web_ready, 60, self.procs)
+        wait_for("the node to register and be idle", self.node_idle, 90, self.procs)
+        with DATASET.open("rb") as fh:
+            resp = self.http.post(
+                f"{self.base}/api/v1/files/",
+                files={"file": ("demo_chat.jsonl", fh)},
+                data={"purpose": "fine-tune"},
+                timeout=30,
+            )
+        if resp.status_code != 201:
+            raise BenchError(f"upload: HTTP {resp.status_code}: {resp.text[:500]}")
+        self.training_file = resp.json()["id"]
+
+        def processed() -> bool:
+            got = self.http.get(f"{self.base}/api/v1/files/{self.training_file}/", timeout=10)
+            status = got.json().get("status")
+            if status == "error":
+                raise BenchError(f"the dataset failed validation: {got.text[:500]}")
+            return status == "processed"
+
+        wait_for("the dataset to be processed", processed, 60, self.procs)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):  # the node first: it says goodbye through the broker
+            proc.stop()
+        self.http.close()
+
+    # --- one job ---
+
+    def node_idle(self) -> bool:
+        from jobs.models import GpuNode
+
+        return GpuNode.objects.filter(name=NODE_NAME, status="idle").exists()
+
+    def node_free(self, tasks_done: int) -> bool:
+        """The node row is idle AND its worker finished every task so far: the row turns idle
+        when the attempt ends, a moment before the supervisor returns and takes the next one."""
+        done = sum(1 for _, m in LogTail(self.node_log.path).lines() if _TASK_DONE.search(m))
+        return done >= tasks_done and self.node_idle()
+
+    def job_body(self) -> dict[str, Any]:
+        return {
+            "model": str(self.model_dir),
+            "training_file": self.training_file,
+            "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+            "hyperparameters": {"n_epochs": 1, "batch_size": 4, "learning_rate": 0.002,
+                                "max_seq_length": 128, "warmup_ratio": 0.0,
+                                "gradient_checkpointing": False},
+        }  # fmt: skip
+
+    def submit(self) -> tuple[str, float, float]:
+        body = json.dumps(self.job_body())
+        headers = {"Content-Type": "application/json"}
+        t0 = time.time()
+        resp = self.http.post(f"{self.base}/api/v1/jobs/", data=body, headers=headers, timeout=30)
+        t_resp = time.time()
+        if resp.status_code != 201:
+            raise BenchError(f"POST /api/v1/jobs/: HTTP {resp.status_code}: {resp.text[:500]}")
+        if resp.json()["status"] != "queued":
+            raise BenchError(f"the job is {resp.json()['status']}, not queued, after its POST")
+        return resp.json()["id"], t0, t_resp
+
+    def cancel(self, job_id: str) -> None:
+        resp = self.http.post(f"{self.base}/api/v1/jobs/{job_id}/cancel/", timeout=30)
+        if resp.status_code != 200:
+            raise BenchError(f"cancel {job_id}: HTTP {resp.status_code}: {resp.text[:300]}")
+
+    def wait_cancelled(self, job_id: str, tasks_done: int) -> None:
+        from jobs.models import TrainingJob
+
+        def ended() -> bool:
+            status = TrainingJob.objects.values_list("status", flat=True).get(public_id=job_id)
+            if status in ("succeeded", "failed"):
+                raise BenchError(f"{job_id} ended {status} instead of cancelled")
+            return status == "cancelled"
+
+        wait_for(f"{job_id} to be cancelled", ended, JOB_TIMEOUT, self.procs)
+        wait_for("the node to be free", lambda: self.node_free(tasks_done), 60, self.procs)
+        time.sleep(0.2)  # let the control worker finish the attempt's trailing messages
+
+    def claimed_attempt(self, job_id: str) -> Any:
+        from jobs.models import JobAttempt
+
+        return (
+            JobAttempt.objects.filter(job__public_id=job_id, claimed_at__isnull=False)
+            .order_by("number")
+            .first()
+        )
+
+    def dispatch_one(self, tasks_done: int) -> Stamps:
+        from jobs.models import TrainingJob
+
+        self.node_log.mark()
+        job_id, t0, t_resp = self.submit()
+        attempt = wait_for(
+            f"{job_id} to be claimed", lambda: self.claimed_attempt(job_id), JOB_TIMEOUT, self.procs
+        )
+        self.cancel(job_id)
+        created = TrainingJob.objects.values_list("created_at", flat=True).get(public_id=job_id)
+        received = wait_for(
+            "the node's 'received' log line",
+            lambda: self.node_log.first(_RECEIVED),
+            10,
+            self.procs,
+        )
+        self.wait_cancelled(job_id, tasks_done)
+        return Stamps(
+            t0=t0,
+            response=t_resp,
+            created=created.timestamp(),
+            attempt=attempt.created_at.timestamp(),
+            received=received,
+            claimed=attempt.claimed_at.timestamp(),
+        )
+
+    def first_step_in_fleet(self, tasks_done: int) -> tuple[Stamps, str]:
+        """A job that trains to its first metrics event (then cancelled); executor stamps."""
+        from jobs.models import JobEvent
+
+        self.node_log.mark()
+        job_id, t0, t_resp = self.submit()
+
+        def first_metrics() -> JobEvent | None:
+            return (
+                JobEvent.objects.filter(job__public_id=job_id, attempt__gte=1, type="metrics")
+                .order_by("number")
+                .first()
+            )
+
+        metrics = wait_for(f"{job_id}'s first metrics event", first_metrics, JOB_TIMEOUT, self.procs)
+        self.cancel(job_id)
+        attempt = self.claimed_attempt(job_id)
+        running = (
+            JobEvent.objects.filter(job__public_id=job_id, attempt=attempt.number, type="status")
+            .filter(data__status="running")
+            .first()
+        )
+        spawn = self.node_log.first(f"starting attempt {attempt.number} of {job_id}")
+        torch = self.node_log.first("training backend:")
+        self.wait_cancelled(job_id, tasks_done)
+        stamps = Stamps(
+            t0=t0,
+            response=t_resp,
+            created=t0,
+            attempt=attempt.created_at.timestamp(),
+            received=None,
+            claimed=attempt.claimed_at.timestamp(),
+            extra={
+                "spawn": spawn,
+                "torch": torch,
+                "running": running.created_at.timestamp() if running else None,
+                "metrics": metrics.created_at.timestamp(),
+                "step": float(metrics.data.get("step", 0)),
+            },
+        )
+        return stamps, job_id
+
+    def first_step_direct(self, job_id: str, n: int) -> dict[str, float]:
+        """The executor command the supervisor runs, on a real spec of ``job_id``'s attempt
+        (fresh signed URLs: the dataset comes from gunicorn), events to a JSON-lines file."""
+        from jobs.models import JobAttempt
+        from jobs.services.dispatch import attempt_spec
+
+        attempt = JobAttempt.objects.select_related("job").get(job__public_id=job_id, number=1)
+        spec = attempt_spec(attempt)
+        work = self.tmp / f"direct-{n}"
+        work.mkdir()
+        events = work / "events.jsonl"
+        spec["report"] = {"sinks": [{"type": "jsonl", "path": str(events)}]}
+        (work / "spec.json").write_text(json.dumps(spec))
+        cancel = work / "cancel"
+        cmd = [sys.executable, "-m", "gpu_worker", "run", str(work / "spec.json"),
+               "--workdir", str(work / "run"), "--cancel-file", str(cancel)]  # fmt: skip
+        env = {**self.node_env("unused"), "TRAINHUB_NODE_NAME": NODE_NAME}
+        log = work / "executor.log"
+
+        def read() -> list[dict[str, Any]]:
+            if not events.exists():
+                return []
+            return [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+
+        with log.open("wb") as out:
+            t_spawn = time.time()
+            proc = subprocess.Popen(  # noqa: S603
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + JOB_TIMEOUT
+                while not any(e["type"] == "metrics" for e in read()):
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise BenchError(f"the executor did not train:\n{log.read_text()[-3000:]}")
+                    time.sleep(POLL)
+                cancel.touch()
+                proc.wait(60)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        got = read()
+
+        def ts(pred: Callable[[dict[str, Any]], bool]) -> float:
+            return next(e["ts"] for e in got if pred(e))
+
+        return {
+            "spawn": t_spawn,
+            "imported": ts(lambda e: e["type"] == "log" and "Attempt" in e["message"]),
+            "downloaded": ts(lambda e: "Downloaded the dataset" in e["message"]),
+            "loaded": ts(lambda e: e["message"].startswith("Loaded ")),
+            "running": ts(lambda e: e["type"] == "status" and e["data"]["status"] == "running"),
+            "step1": ts(lambda e: e["type"] == "metrics"),
+            "step": float(next(e for e in got if e["type"] == "metrics")["data"].get("step", 0)),
+        }
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def summary(values: list[float]) -> str:
+    return (
+        f"p50 {percentile(values, 50):7.1f}  p95 {percentile(values, 95):7.1f}  "
+        f"max {max(values):7.1f}  mean {statistics.fmean(values):7.1f}"
+    )
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}"
+
+
+def report_dispatch(rows: list[Stamps], warm: list[Stamps], pool: str) -> bool:
+    claimed = [r.ms(r.claimed) or 0.0 for r in rows]
+    received = [r.ms(r.received) for r in rows]
+    print(f"\nDispatch latency, {len(rows)} jobs, one at a time on an idle node (ms):")
+    print(f"  POST -> claimed_at (upper bound)    {summary(claimed)}")
+    if all(v is not None for v in received):
+        print(f"  POST -> node 'received' log (lower) {summary([v or 0.0 for v in received])}")
+    print("  segments, p50 (each its own median; they do not add up exactly):")
+    segments: list[tuple[str, Callable[[Stamps], float | None]]] = [
+        ("POST sent -> job row created (gunicorn)", lambda r: r.ms(r.created)),
+        ("job row -> POST response read", lambda r: r.ms(r.response, r.created)),
+        ("job row -> attempt row (dispatcher, control worker)", lambda r: r.ms(r.attempt, r.created)),
+        ("attempt row -> node 'received' log", lambda r: r.ms(r.received, r.attempt)),
+        ("node 'received' -> claimed_at (task start + claim)", lambda r: r.ms(r.claimed, r.received)),
+    ]  # fmt: skip
+    for label, fn in segments:
+        vals = [v for v in (fn(r) for r in rows) if v is not None]
+        if vals:
+            print(f"    {label:<52} {percentile(vals, 50):7.1f}  (p95 {percentile(vals, 95):.1f})")
+    if warm:
+        print("  warm-up jobs (not counted), POST -> claimed_at:", ", ".join(
+            f"{r.ms(r.claimed):.0f}" for r in warm
+        ))  # fmt: skip
+    p50 = percentile(claimed, 50)
+    ok = p50 <= GOAL_P50_MS
+    print(
+        f"  goal p50 <= {GOAL_P50_MS:.0f} ms (POST -> claimed_at, control pool {pool}): "
+        f"{'PASS' if ok else 'FAIL'} ({p50:.1f} ms)"
+    )
+    return ok
+
+
+def report_first_step(fleet: list[Stamps], direct: list[dict[str, float]]) -> None:
+    def show(label: str, vals: list[float | None]) -> None:
+        got = [v for v in vals if v is not None]
+        if got:
+            each = ", ".join(f"{v:.0f}" for v in got)
+            print(f"  {label:<58} median {statistics.median(got):6.0f}  [{each}]")
+
+    if direct:
+        print(f"\nExecutor process start -> first training step, {len(direct)} runs (ms)")
+        print("  executor run by this script, its own event timestamps (ts):")
+        show("spawn -> imports done, backend chosen (1st log event)", [
+            (d["imported"] - d["spawn"]) * 1000 for d in direct])  # fmt: skip
+        show("spawn -> dataset downloaded", [(d["downloaded"] - d["spawn"]) * 1000 for d in direct])
+        show("spawn -> model loaded, adapter attached", [
+            (d["loaded"] - d["spawn"]) * 1000 for d in direct])  # fmt: skip
+        show("spawn -> training starts (status running)", [
+            (d["running"] - d["spawn"]) * 1000 for d in direct])  # fmt: skip
+        show("spawn -> first step's metrics (step 1 done)", [
+            (d["step1"] - d["spawn"]) * 1000 for d in direct])  # fmt: skip
+    if fleet:
+        print(f"  in the fleet, {len(fleet)} jobs (node log lines, stored event created_at):")
+        show("'starting attempt' log -> 'training backend' log (torch)", [
+            r.ms(r.extra["torch"], r.extra["spawn"]) for r in fleet])  # fmt: skip
+        show("'starting attempt' log -> running event stored", [
+            r.ms(r.extra["running"], r.extra["spawn"]) for r in fleet])  # fmt: skip
+        show("'starting attempt' log -> first metrics event stored", [
+            r.ms(r.extra["metrics"], r.extra["spawn"]) for r in fleet])  # fmt: skip
+        show("claimed_at -> 'starting attempt' log", [
+            r.ms(r.extra["spawn"], r.claimed) for r in fleet])  # fmt: skip
+        steps = sorted({int(r.extra["step"] or 0) for r in fleet})
+        print(f"  (first stored metrics event: step {steps}; the reporter sends metrics with its")
+        print("   next flush, every 5 s, so 'stored' lags the step: an upper bound only)")
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=50, help="timed dispatches (default 50)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed jobs first (default 3)")
+    ap.add_argument("--first-step", type=int, default=5, help="executor start runs (default 5)")
+    ap.add_argument("--control-pool", choices=["prefork", "solo", "threads"], default="prefork")
+    ap.add_argument("--database-url", help=f"default: see the module docstring ({DB_NAME})")
+    ap.add_argument("--broker-url", default=DEFAULT_BROKER)
+    ap.add_argument("--keep-logs", action="store_true", help="keep the temp dir with the logs")
+    args = ap.parse_args()
+    if args.jobs < 1 or args.warmup < 0 or args.first_step < 0:
+        ap.error("--jobs must be >= 1, --warmup and --first-step >= 0")
+    args.url = bench_database_url(args.database_url)
+    if "dispatch_bench" not in urlsplit(args.url).path:
+        ap.error(f"refusing to drop {args.url}: the database's name must contain 'dispatch_bench'")
+    if args.broker_url.rstrip("/").endswith("/1"):
+        ap.error("--broker-url: Redis database 1 is the tests'; use another (default /3)")
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="trainhub-dispatch-"))
+    bench = Bench(args, tmp)
+    ok_run = False
+    try:
+        pg = database_recreate(args.url)
+        print(f"{machine()}\n{pg}; broker {args.broker_url}; work dir {tmp}")
+        bench.start()
+        print(f"ready after {time.monotonic() - started:.0f} s; timing {args.jobs} jobs...")
+        tasks, warm, rows = 0, [], []
+        for i in range(args.warmup + args.jobs):
+            tasks += 1
+            stamps = bench.dispatch_one(tasks)
+            (warm if i < args.warmup else rows).append(stamps)
+        fleet, direct = [], []
+        for n in range(args.first_step):
+            tasks += 1
+            stamps, job_id = bench.first_step_in_fleet(tasks)
+            fleet.append(stamps)
+            direct.append(bench.first_step_direct(job_id, n))
+        report_dispatch(rows, warm, args.control_pool)
+        report_first_step(fleet, direct)
+        ok_run = True
+    except BenchError as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        for proc in bench.procs:
+            print(f"--- {proc.name} ({proc.log}) ---\n{proc.tail()}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+    finally:
+        bench.stop()
+        if args.keep_logs or not ok_run:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\ntotal run time {time.monotonic() - started:.0f} s")
+    return 0 if ok_run else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
