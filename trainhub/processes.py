@@ -52,14 +52,17 @@ def running(
             )
         yield
     finally:
+        # SIGTERM to each main process only: Celery then shuts down warm (a node finishes its
+        # current task instead of having it redelivered), gunicorn stops its workers itself.
         for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            proc.terminate()
         for proc in procs.values():
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
 
 
 def web_command(port: int) -> list[str]:

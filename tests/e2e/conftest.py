@@ -15,24 +15,17 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
 from gpu_worker import celery_conf as cc
+from tests._processes import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_TTL_SECONDS = 6  # short, so a killed node's attempt is found lost within seconds
 pytestmark = [pytest.mark.slow]
-
-
-def database_url(db: dict) -> str:
-    user = quote(db.get("USER") or "", safe="")
-    password = quote(db.get("PASSWORD") or "", safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 class Process:

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -20,19 +19,13 @@ from django.db import connection, transaction
 from gpu_worker import celery_conf as cc
 from jobs.models import JobEvent, TrainingFile, TrainingJob
 from jobs.services.attempts import attempt_start
+from tests._processes import database_url
 from tests.jobs._api import upload
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30
-
-
-def _database_url(db: dict) -> str:
-    user = quote(db.get("USER") or "", safe="")
-    password = quote(db.get("PASSWORD") or "", safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 class Worker:
@@ -69,7 +62,7 @@ def worker(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Wor
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "trainhub.settings",
-        "DATABASE_URL": _database_url(connection.settings_dict),  # the pytest test database
+        "DATABASE_URL": database_url(connection.settings_dict),  # the pytest test database
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "TRAINHUB_STORAGE_DIR": str(storage),
         "TRAINHUB_VAR_DIR": str(base / "var"),
