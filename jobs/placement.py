@@ -21,6 +21,7 @@ from jobs.errors import InvalidRequest
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 MAX_GPUS = 64
+MIB_IN_GB = 2**20 / 1e9
 MAX_SELECTOR_LABELS = 16
 
 
@@ -94,9 +95,10 @@ def misfit(gpu: Mapping[str, Any], selector: Mapping[str, str], node: Any) -> st
     if need > have:
         return f"has {have} GPU(s), the job needs {need}"
     if need and "min_vram_gb" in gpu:
-        smallest = min((g.get("vram_mb") or 0) for g in gpus[:need] or [{}]) / 1024
+        # nvidia-smi reports MiB; cards are sold in decimal GB (an "80GB" H100 is 81559 MiB).
+        smallest = min((g.get("vram_mb") or 0) for g in gpus[:need] or [{}]) * MIB_IN_GB
         if smallest < gpu["min_vram_gb"]:
-            return f"has {smallest:g} GB per GPU, the job needs {gpu['min_vram_gb']:g} GB"
+            return f"has {smallest:.1f} GB per GPU, the job needs {gpu['min_vram_gb']:g} GB"
     if need and "name" in gpu:
         names = {str(g.get("name", "")) for g in gpus}
         if not any(fnmatch.fnmatchcase(n, gpu["name"]) for n in names):

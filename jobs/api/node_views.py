@@ -105,6 +105,7 @@ class NodeClaimView(APIView):
 
 class _Unauthorized(ServiceError):
     http_status = 401
+    error_type = "authentication_error"
 
     def __init__(self) -> None:
         super().__init__("Unknown node or invalid node token.", code="invalid_node_token")

@@ -15,7 +15,7 @@ urlpatterns = [
     path("credentials/", views.CredentialListView.as_view()),
     path("credentials/<str:credential_id>/", views.CredentialDetailView.as_view()),
     path("nodes/", node_views.NodeListView.as_view()),
-    path("nodes/claim/", node_views.NodeClaimView.as_view(), name="node-claim"),
+    path("node-claims/", node_views.NodeClaimView.as_view(), name="node-claim"),
     path("nodes/<str:name>/", node_views.NodeDetailView.as_view()),
     path("nodes/<str:name>/events/", node_views.NodeEventListView.as_view()),
     path("nodes/<str:name>/drain/", node_views.NodeActionView.as_view(action="drain")),

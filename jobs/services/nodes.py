@@ -119,12 +119,20 @@ def send_dispatch() -> None:
     app.send_task(celery_conf.DISPATCH)
 
 
+def _int(value: object) -> int:
+    try:
+        return max(0, int(value))  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 def _clean_report(report: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a node's registration we keep, with types enforced (it is remote input)."""
     caps = report.get("capabilities") if isinstance(report.get("capabilities"), Mapping) else {}
+    raw_gpus = caps.get("gpus") if isinstance(caps.get("gpus"), list) else []
     gpus = [
-        {"name": str(g.get("name", ""))[:100], "vram_mb": int(g.get("vram_mb") or 0)}
-        for g in (caps.get("gpus") or [])[:64]
+        {"name": str(g.get("name", ""))[:100], "vram_mb": _int(g.get("vram_mb"))}
+        for g in raw_gpus[:64]
         if isinstance(g, Mapping)
     ]
     labels = report.get("labels") if isinstance(report.get("labels"), Mapping) else {}

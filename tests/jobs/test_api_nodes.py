@@ -14,7 +14,7 @@ from tests.jobs import conftest_services
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
 
 NODES = "/api/v1/nodes/"
-CLAIM = "/api/v1/nodes/claim/"
+CLAIM = "/api/v1/node-claims/"
 JOBS = "/api/v1/jobs/"
 NODE_KEYS = {
     "id", "object", "status", "draining", "ephemeral", "labels", "capabilities", "current_job",
@@ -143,11 +143,6 @@ def test_create_with_a_bad_name_is_400_naming_it(admin, body) -> None:
     assert GpuNode.objects.count() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: node_create accepts the name 'claim', but /api/v1/nodes/claim/ is the claim "
-    "endpoint (POST only): GET and DELETE of that node answer 405, so it can never be deleted",
-)
 def test_every_node_name_accepted_can_be_read_and_deleted(admin) -> None:
     created = admin.post(NODES, {"name": "claim"}, format="json")
     if created.status_code != 201:  # refusing the reserved name is a fine answer too
