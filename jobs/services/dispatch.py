@@ -92,18 +92,17 @@ def _place(job: TrainingJob, node: GpuNode) -> bool:
 
 def _waiting_reason(job: TrainingJob, nodes: list[GpuNode], fitting: list[GpuNode]) -> str:
     online = [n for n in nodes if n.status != N.OFFLINE]
-    if fitting and any(n.status != N.OFFLINE for n in fitting):
-        busy = ", ".join(f"{n.name} ({n.status})" for n in fitting if n.status != N.OFFLINE)
+    fitting_online = [n for n in fitting if n.status != N.OFFLINE]
+    if fitting_online:
+        busy = ", ".join(f"{n.name} ({n.status})" for n in fitting_online)
         return f"Waiting for a node: every node that fits is busy: {busy}."
     if not nodes:
         return "Waiting for a node: no GPU node is registered."
     if not online:
         return "Waiting for a node: every GPU node is offline."
-    why = "; ".join(
-        f"{n.name} {misfit(job.gpu, job.node_selector, n)}" for n in online if n not in fitting
-    )
-    offline = [n.name for n in fitting]
-    tail = f" Fitting but offline: {', '.join(offline)}." if offline else ""
+    why = "; ".join(f"{n.name} {misfit(job.gpu, job.node_selector, n)}" for n in online)
+    offline = ", ".join(n.name for n in fitting)
+    tail = f" Fitting but offline: {offline}." if offline else ""
     return f"No online node fits this job: {why}.{tail}"[:1000]
 
 
