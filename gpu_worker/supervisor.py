@@ -105,23 +105,25 @@ def run(message: dict[str, Any], node: NodeConfig) -> str:
         proc = subprocess.Popen(  # noqa: S603 - this interpreter running the executor
             command, env=env, start_new_session=True, preexec_fn=_die_with_parent
         )
-        code, killed = _wait(proc, cancel_file, node.cancel_grace_seconds)
+        code, signalled = _wait(proc, cancel_file, node.cancel_grace_seconds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         cancel_file.unlink(missing_ok=True)
     if code not in _REPORTED_EXITS:
-        _report_death(node, job_id, attempt, code, killed)
+        _report_death(node, job_id, attempt, code, signalled)
     log.info("attempt %s of %s ended: exit %s", attempt, job_id, code)
     return f"exit {code}"
 
 
 def _wait(proc: subprocess.Popen[bytes], cancel_file: Path, grace: float) -> tuple[int, bool]:
-    """Wait for the executor, escalating after a cancel; returns (exit code, killed by us)."""
+    """Wait for the executor, escalating after a cancel; returns (exit code, signalled by us).
+
+    A signalled executor may die without its final status (SIGKILL, or SIGTERM before its
+    handler is installed, during the imports): that end is still the cancel's."""
     asked = termed = None
-    killed = False
     while True:
         try:
-            return proc.wait(timeout=0.5), killed
+            return proc.wait(timeout=0.5), termed is not None
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
@@ -135,7 +137,6 @@ def _wait(proc: subprocess.Popen[bytes], cancel_file: Path, grace: float) -> tup
         elif termed is not None and now - termed > grace:
             log.warning("executor ignored SIGTERM for %.0f s: SIGKILL", grace)
             _signal_group(proc, signal.SIGKILL)
-            killed = True
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -143,10 +144,11 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _report_death(node: NodeConfig, job_id: str, attempt: int, code: int, killed: bool) -> None:
-    """The executor ended without its final status (killed, crashed, unusable spec)."""
-    if killed:
-        data, message = {"status": "cancelled"}, "The executor was killed after a cancel."
+def _report_death(node: NodeConfig, job_id: str, attempt: int, code: int, signalled: bool) -> None:
+    """The executor ended without its final status (stopped by us, crashed, unusable spec)."""
+    if signalled:
+        data = {"status": "cancelled"}
+        message = f"The executor was stopped by a signal after the cancel (exit {code})."
     elif code == 2:  # the control plane built a spec the executor refused: a bug, not a retry
         data = {"status": "failed", "code": "internal_error"}
         message = "The executor refused the job spec (exit 2); see the node's log."
