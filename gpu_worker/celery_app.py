@@ -15,7 +15,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 from typing import Any
 
 from celery import Celery
@@ -75,10 +78,11 @@ REREGISTER_EVERY = 10
 
 
 def _heartbeats(hostname: str) -> None:
+    process = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
     beats = 0
     while True:
         if beats % REREGISTER_EVERY == 0:
-            report = node_settings.registration(NODE, hostname)
+            report = node_settings.registration(NODE, hostname, process)
             _send(cc.NODE_REGISTER, NODE.name, NODE.token, report)
         else:
             _send(cc.NODE_HEARTBEAT, NODE.name, NODE.token)

@@ -157,11 +157,13 @@ def probe(node: NodeConfig) -> dict[str, Any]:
     return caps
 
 
-def registration(node: NodeConfig, celery_hostname: str) -> dict[str, Any]:
-    """The report sent with ``trainhub.node_register``."""
+def registration(node: NodeConfig, celery_hostname: str, process: str) -> dict[str, Any]:
+    """The report sent with ``trainhub.node_register``; ``process`` names this worker process
+    (a new value tells the control plane the node restarted)."""
     return {
         "capabilities": probe(node),
         "labels": node.labels,
         "ephemeral": node.ephemeral,
         "celery_hostname": celery_hostname,
+        "process": process,
     }

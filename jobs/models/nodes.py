@@ -5,7 +5,7 @@ class GpuNode(models.Model):
     """One of the operator's GPU machines, consuming its own Celery queue ``gpu.node.<name>``.
 
     ``status`` is derived, and written only by ``services.nodes``: offline without a recent
-    heartbeat, else draining when asked to, else busy while it holds an attempt, else idle.
+    heartbeat (or when retired), else draining when asked to, else busy while it holds an attempt, else idle.
     Only a SHA-256 of the node's token is kept.
     """
 
@@ -23,6 +23,10 @@ class GpuNode(models.Model):
     ephemeral = models.BooleanField(
         default=False, help_text="Reported by the node: exits after one job."
     )
+    retired = models.BooleanField(
+        default=False,
+        help_text="An ephemeral node that has had its job: offline until a new process registers.",
+    )
     token_sha256 = models.CharField(max_length=64)
     labels = models.JSONField(default=dict, blank=True)
     capabilities = models.JSONField(
@@ -31,6 +35,9 @@ class GpuNode(models.Model):
         help_text="Reported by the node: gpu_count, gpus [{name, vram_mb}], cuda/driver, backend.",
     )
     celery_hostname = models.CharField(max_length=255, blank=True)
+    process = models.CharField(
+        max_length=100, blank=True, help_text="The reporting worker process (host, pid, start)."
+    )
     current_attempt = models.OneToOneField(
         "jobs.JobAttempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="node"
     )

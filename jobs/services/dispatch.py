@@ -220,15 +220,14 @@ def attempts_resend_unclaimed() -> int:
 
 
 def node_release(*, attempt: JobAttempt) -> None:
-    """The attempt ended: free its node. An ephemeral node is shutting down after its one job,
-    so it counts as offline (a second job would wait in a queue nobody reads) until it
-    registers again."""
+    """The attempt ended: free its node. An ephemeral node is shutting down after its one job:
+    it retires (offline, whatever its last heartbeats say) until a new process registers, so
+    no second job waits in a queue nobody reads."""
     node = GpuNode.objects.filter(current_attempt_id=attempt.pk).first()
     if node is None:
         return
-    gone = {"last_heartbeat_at": None} if node.ephemeral else {}
     GpuNode.objects.filter(pk=node.pk, current_attempt_id=attempt.pk).update(
-        current_attempt=None, **gone
+        current_attempt=None, retired=node.ephemeral
     )
     node_settle(node_pk=node.pk)  # idle again → the dispatcher looks for the next job
 

@@ -1,7 +1,8 @@
 """GPU nodes: identity (tokens), registration and heartbeats, drain, offline, delete.
 
 A node's status is derived from four facts and written by :func:`node_settle` alone:
-no heartbeat for ``TRAINHUB_NODE_OFFLINE_SECONDS`` → offline; else draining when asked;
+no heartbeat for ``TRAINHUB_NODE_OFFLINE_SECONDS`` (or an ephemeral node retired after its
+job, until a new process registers) → offline; else draining when asked;
 else busy while it holds an attempt; else idle. A node that turns idle triggers the
 dispatcher. Every operator action and every registration leaves a :class:`NodeEvent`.
 """
@@ -96,7 +97,7 @@ def node_settle(*, node_pk: int) -> str:
     with transaction.atomic():
         node = GpuNode.objects.select_for_update().get(pk=node_pk)
         cutoff = timezone.now() - timedelta(seconds=settings.TRAINHUB_NODE_OFFLINE_SECONDS)
-        if node.last_heartbeat_at is None or node.last_heartbeat_at < cutoff:
+        if node.retired or node.last_heartbeat_at is None or node.last_heartbeat_at < cutoff:
             status = N.OFFLINE
         elif node.draining:
             status = N.DRAINING
@@ -146,6 +147,8 @@ def _clean_report(report: Mapping[str, Any]) -> dict[str, Any]:
                 if caps.get(k)
             },
         },
+        # Which worker process reported: a new one means the node (re)started.
+        "process": str(report.get("process") or "")[:100],
         "labels": {str(k)[:63]: str(v)[:200] for k, v in list(labels.items())[:64]},
         "ephemeral": bool(report.get("ephemeral")),
         "celery_hostname": str(report.get("celery_hostname") or "")[:255],
@@ -159,9 +162,18 @@ def node_register(*, name: object, token: object, report: Mapping[str, Any]) -> 
         return None
     now = timezone.now()
     fields = _clean_report(report)
-    GpuNode.objects.filter(pk=node.pk).update(**fields, last_heartbeat_at=now, registered_at=now)
+    process = fields.pop("process")
+    restarted = process != node.process
+    GpuNode.objects.filter(pk=node.pk).update(
+        **fields,
+        process=process,
+        last_heartbeat_at=now,
+        registered_at=now,
+        # A retired ephemeral node re-registering from the same process is on its way out.
+        **({"retired": False} if restarted else {}),
+    )
     # Nodes re-register every few minutes; only a (re)start or a change is worth an audit line.
-    if node.status == N.OFFLINE or fields["capabilities"] != node.capabilities:
+    if restarted or fields["capabilities"] != node.capabilities:
         caps = fields["capabilities"]
         gpus = ", ".join(f"{g['name']} ({g['vram_mb']} MiB)" for g in caps["gpus"]) or "no GPU"
         _audit(node, "registered", f"Registered: {gpus}; backend {caps.get('backend', '?')}.")

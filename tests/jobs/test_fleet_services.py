@@ -23,9 +23,14 @@ from jobs.errors import InvalidRequest
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
 from jobs.placement import misfit, parse_gpu
 from jobs.services import dispatch, nodes
-from jobs.services.attempts import attempt_record_events, attempt_start, attempts_expire_leases
+from jobs.services.attempts import (
+    attempt_end,
+    attempt_record_events,
+    attempt_start,
+    attempts_expire_leases,
+)
 from jobs.services.jobs import job_cancel
-from jobs.states import JobStatus
+from jobs.states import EndReason, JobStatus
 from tests.jobs import conftest_services
 
 pytestmark = pytest.mark.django_db
@@ -716,6 +721,25 @@ def test_an_ephemeral_node_is_not_given_a_second_job(make_job, dispatch_now) -> 
     dispatch_now()
 
     assert not JobAttempt.objects.filter(job=second).exists()
+
+
+def test_a_retired_ephemeral_node_comes_back_only_as_a_new_process(make_job, dispatch_now) -> None:
+    """Its last heartbeats and re-registrations, sent while it shuts down, must not make it
+    idle again; a restarted node (another worker process) is welcome."""
+    _, token = nodes.node_create(name="gpu-r")
+    report = _report(ephemeral=True, process="host:10:1")
+    nodes.node_register(name="gpu-r", token=token, report=report)
+    job = make_job()
+    assert dispatch_now() == 1
+    attempt_end(attempt=_attempt_of(job), reason=EndReason.SUCCEEDED)
+    node = GpuNode.objects.get(name="gpu-r")
+    assert (node.retired, node.status) == (True, N.OFFLINE)
+
+    nodes.node_heartbeat(name="gpu-r", token=token)
+    nodes.node_register(name="gpu-r", token=token, report=report)
+    assert _node_status(node) == N.OFFLINE
+    nodes.node_register(name="gpu-r", token=token, report={**report, "process": "host:11:2"})
+    assert (_fresh(node).retired, node.status) == (False, N.IDLE)
 
 
 # --- claim ------------------------------------------------------------------------------------
