@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from urllib.parse import quote
 
 
@@ -11,3 +12,24 @@ def database_url(db: dict) -> str:
     password = quote(db.get("PASSWORD") or "", safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+def quiesce(worker_name: str, queue: str, timeout: float = 20.0) -> None:
+    """Empty ``queue`` and wait until the worker runs no task.
+
+    A transactional test ends by flushing the database with TRUNCATE, which deadlocks with a
+    worker task in the middle of a transaction (a dispatch, a heartbeat). A solo-pool worker
+    answers ``inspect`` only between tasks, so an empty answer means it is idle.
+    """
+    from trainhub.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(queue)
+    inspect = app.control.inspect(destination=[worker_name], timeout=1.0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        active, reserved = inspect.active(), inspect.reserved()
+        if active and reserved and not active.get(worker_name) and not reserved.get(worker_name):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"worker {worker_name} still busy after {timeout:.0f} s")

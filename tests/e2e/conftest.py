@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,9 +22,10 @@ from django.conf import settings
 from django.db import connection
 
 from gpu_worker import celery_conf as cc
-from tests._processes import database_url
+from tests._processes import database_url, quiesce
 
 ROOT = Path(__file__).resolve().parents[2]
+CONTROL_WORKER = f"control-{os.getpid()}"
 LEASE_TTL_SECONDS = 6  # short, so a killed node's attempt is found lost within seconds
 pytestmark = [pytest.mark.slow]
 
@@ -112,13 +114,20 @@ def control_worker(
         "control-worker",
         [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", cc.DEFAULT_QUEUE,
          "-c", "1", "-P", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
-         "-l", "info", "-n", f"control-{os.getpid()}@%h"],
+         "-l", "info", "-n", f"{CONTROL_WORKER}@%h"],
         env, shared_dir / "control-worker.log",
     ).start()  # fmt: skip
     try:
         yield worker
     finally:
         worker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_control_worker(transactional_db, control_worker) -> Iterator[None]:
+    """Torn down after the test's nodes have stopped and before the database is flushed."""
+    yield
+    quiesce(f"{CONTROL_WORKER}@{socket.gethostname()}", cc.DEFAULT_QUEUE)
 
 
 @pytest.fixture

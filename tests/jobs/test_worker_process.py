@@ -5,6 +5,7 @@ executor events sent as ``record_events`` messages are stored once."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -19,13 +20,14 @@ from django.db import connection, transaction
 from gpu_worker import celery_conf as cc
 from jobs.models import JobEvent, TrainingFile, TrainingJob
 from jobs.services.attempts import attempt_start
-from tests._processes import database_url
+from tests._processes import database_url, quiesce
 from tests.jobs._api import upload
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30
+WORKER_NAME = f"pytest-{os.getpid()}"
 
 
 class Worker:
@@ -75,7 +77,7 @@ def worker(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Wor
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", cc.DEFAULT_QUEUE,
              "-c", "1", "-P", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
-             "-l", "info", "-n", f"pytest-{os.getpid()}@%h"],
+             "-l", "info", "-n", f"{WORKER_NAME}@%h"],
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -90,6 +92,12 @@ def worker(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Wor
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_worker_before_flush(transactional_db, worker) -> Iterator[None]:
+    yield
+    quiesce(f"{WORKER_NAME}@{socket.gethostname()}", cc.DEFAULT_QUEUE)
 
 
 @pytest.fixture
