@@ -108,10 +108,18 @@ def node_settle(*, node_pk: int) -> str:
         if status != node.status:
             GpuNode.objects.filter(pk=node.pk).update(status=status)
             if status == N.OFFLINE:
-                _audit(node, "offline", "No heartbeat; node is offline.")
+                _audit(node, "offline", _why_offline(node))
             elif status == N.IDLE:  # a node free for work: look for a job
                 transaction.on_commit(send_dispatch)
     return status
+
+
+def _why_offline(node: GpuNode) -> str:
+    if node.retired:
+        return "Ephemeral node retired after its job; offline until it starts again."
+    if node.last_heartbeat_at is None:
+        return "Node stopped (or never registered)."
+    return f"No heartbeat for {settings.TRAINHUB_NODE_OFFLINE_SECONDS} s; node is offline."
 
 
 def send_dispatch() -> None:
@@ -162,11 +170,9 @@ def node_register(*, name: object, token: object, report: Mapping[str, Any]) -> 
         return None
     now = timezone.now()
     fields = _clean_report(report)
-    process = fields.pop("process")
-    restarted = process != node.process
+    restarted = fields["process"] != node.process
     GpuNode.objects.filter(pk=node.pk).update(
         **fields,
-        process=process,
         last_heartbeat_at=now,
         registered_at=now,
         # A retired ephemeral node re-registering from the same process is on its way out.
