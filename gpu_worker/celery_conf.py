@@ -25,6 +25,8 @@ FLEET_TICK = "trainhub.fleet_tick"
 NODE_REGISTER = "trainhub.node_register"
 NODE_HEARTBEAT = "trainhub.node_heartbeat"
 NODE_STOPPING = "trainhub.node_stopping"
+STORAGE_SWEEP = "trainhub.storage_sweep"
+PURGE_STORAGE = "trainhub.purge_storage"
 RUN_ATTEMPT = "gpu_worker.run_attempt"  # executed on a node queue
 # Remote-control command (broadcast to one node's worker): stop the attempt it runs.
 CANCEL_ATTEMPT_COMMAND = "trainhub_cancel_attempt"
@@ -33,6 +35,7 @@ POLL_INTERVAL_SECONDS = 10
 EXPIRE_LEASES_INTERVAL_SECONDS = 30
 FLEET_TICK_INTERVAL_SECONDS = 10
 NODE_HEARTBEAT_SECONDS = 30
+STORAGE_SWEEP_INTERVAL_SECONDS = 3600
 
 # The longest job trainhub accepts (mirrors spec.MAX_RUNTIME_LIMIT_SECONDS). Redis redelivers an
 # unacked message after visibility_timeout, so it must exceed any training run; the database

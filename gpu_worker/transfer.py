@@ -3,7 +3,10 @@
 - :func:`download` streams to a temporary file next to the destination, hashing as it goes, and
   renames it into place only when the sha256 matches (a mismatch names expected and got).
 - :func:`upload` PUTs a file streamed from disk with a Content-Length (S3 presigned PUTs
-  reject chunked transfer encoding), so memory stays flat whatever the size.
+  reject chunked transfer encoding), so memory stays flat whatever the size, and a
+  ``Content-MD5``: S3 (and the control plane's own transfer route) refuse a body that arrives
+  different from what left, and the upload is retried. It is the one integrity header S3
+  accepts without it being signed into the URL, which is issued before the file exists.
 - Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; other HTTP
   errors fail at once (an expired signature does not get better by waiting).
 
@@ -14,6 +17,7 @@ them without the query string.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import random
@@ -37,6 +41,8 @@ BACKOFF_MAX_SECONDS = 30.0
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 120.0  # between bytes, not for the whole transfer
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+# A 400 whose body names a Content-MD5 mismatch: damaged in transit, so sending it again helps.
+_BAD_DIGEST = ("BadDigest", "bad_digest")
 _RETRY_EXC = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
 
@@ -63,6 +69,14 @@ def scrub(text: str, url: str) -> str:
     if query:
         text = text.replace(query, "")
     return _QUERY.sub(r"\1", text)
+
+
+def _md5_b64(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return base64.b64encode(digest.digest()).decode()
 
 
 def _local_path(url: str) -> Path:
@@ -197,16 +211,21 @@ def upload(
             raise ExecutorError(UPLOAD_FAILED, f"{label} failed: {exc}") from exc
         return size
 
+    headers = {
+        "Content-Length": str(size),
+        "Content-Type": content_type,
+        "Content-MD5": _md5_b64(path),
+    }
+
     def put() -> int:
         with path.open("rb") as fh:  # a file object: requests streams it, never reads it whole
             resp = requests.put(
-                url,
-                data=fh,
-                headers={"Content-Length": str(size), "Content-Type": content_type},
-                timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
+                url, data=fh, headers=headers, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
             )
         with resp:
-            if resp.status_code in _RETRY_STATUS:
+            if resp.status_code in _RETRY_STATUS or (
+                resp.status_code == 400 and any(code in resp.text for code in _BAD_DIGEST)
+            ):
                 raise _Retry(_http_error(resp, "PUT", url))
             if resp.status_code >= 400:
                 raise ExecutorError(

@@ -26,6 +26,13 @@ class Conflict(ServiceError):
     http_status = 409
 
 
+class Unavailable(ServiceError):
+    """The server cannot serve this now (storage lost or unreachable): not the client's fault."""
+
+    http_status = 503
+    error_type = "server_error"
+
+
 class LimitExceeded(ServiceError):
     http_status = 429
     error_type = "rate_limit_error"

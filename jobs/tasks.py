@@ -8,7 +8,7 @@ from celery import shared_task
 
 from gpu_worker import celery_conf as cc
 from jobs.locks import try_lock
-from jobs.services import artifacts, attempts, dispatch, files, nodes
+from jobs.services import artifacts, attempts, dispatch, files, nodes, retention
 from providers import registry
 
 log = logging.getLogger(__name__)
@@ -100,3 +100,19 @@ def node_heartbeat(name: str, token: str) -> None:
 @shared_task(name=cc.NODE_STOPPING, ignore_result=True)
 def node_stopping(name: str, token: str) -> None:
     nodes.node_stopping(name=name, token=token)
+
+
+# --- storage retention ------------------------------------------------------------------------
+
+
+@shared_task(name=cc.PURGE_STORAGE, ignore_result=True)
+def purge_storage(deletion_pk: int) -> None:
+    retention.storage_purge(deletion_pk=deletion_pk)
+
+
+@shared_task(name=cc.STORAGE_SWEEP, ignore_result=True)
+def storage_sweep() -> None:
+    with try_lock("storage-sweep", ttl_seconds=cc.STORAGE_SWEEP_INTERVAL_SECONDS) as acquired:
+        if acquired:
+            report = retention.storage_sweep()
+            log.info("storage sweep: %s", report)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import quote
 
 
@@ -33,3 +40,39 @@ def quiesce(worker_name: str, queue: str, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError(f"worker {worker_name} still busy after {timeout:.0f} s")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def moto_s3_server(log: Path, timeout: float = 30.0) -> Iterator[str]:
+    """moto's S3 API as a real HTTP server process on loopback; yields its endpoint URL.
+
+    moto accepts any credentials and checks no presigned signature, expiry or checksum: it is a
+    faithful S3 wire protocol (XML, multipart, Range, presigned URLs), not an enforcer.
+    """
+    port = free_port()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "MOTO_CALL_RESET_API": "false"},
+        )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -65,6 +66,48 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _isolated_storage(settings, tmp_path: Path) -> None:
     settings.TRAINHUB_STORAGE_DIR = tmp_path / "storage"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3 HTTP API on loopback (moto's server, one process per session)."""
+    from tests._processes import moto_s3_server
+
+    with pytest.MonkeyPatch.context() as mp:
+        # boto3's credential chain stops at the environment: no config files, no metadata service.
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "AKIDTRAINHUBTEST",
+            "AWS_SECRET_ACCESS_KEY": "trainhub-test-secret",
+            "AWS_SESSION_TOKEN": "",
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }.items():
+            mp.setenv(name, value) if value else mp.delenv(name, raising=False)
+        with moto_s3_server(tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+            yield endpoint
+
+
+@pytest.fixture
+def s3_storage(settings, s3_endpoint: str) -> str:
+    """S3 storage for this test: a fresh bucket on the moto server."""
+    from jobs import storage
+
+    settings.TRAINHUB_STORAGE = "s3"
+    settings.TRAINHUB_S3_ENDPOINT_URL = s3_endpoint
+    settings.TRAINHUB_S3_REGION = "us-east-1"
+    settings.TRAINHUB_S3_ADDRESSING_STYLE = "path"
+    settings.TRAINHUB_S3_BUCKET = f"trainhub-{uuid.uuid4().hex[:16]}"
+    storage.backend().client.create_bucket(Bucket=settings.TRAINHUB_S3_BUCKET)
+    return "s3"
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage_backend(request: pytest.FixtureRequest) -> str:
+    """Run the test once per storage backend: a folder, and S3 (a fresh bucket on moto)."""
+    if request.param == "s3":
+        request.getfixturevalue("s3_storage")
+    return str(request.param)
 
 
 @pytest.fixture

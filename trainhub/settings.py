@@ -89,7 +89,20 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 # --- Storage and uploads --------------------------------------------------------------------
+# `local` (a folder) or `s3` (AWS S3 or any S3-compatible service; credentials from boto3's
+# usual chain: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile or an instance role).
+TRAINHUB_STORAGE = env.str("TRAINHUB_STORAGE", default="local")
 TRAINHUB_STORAGE_DIR = Path(env.str("TRAINHUB_STORAGE_DIR", default=str(VAR_DIR / "storage")))
+TRAINHUB_S3_BUCKET = env.str("TRAINHUB_S3_BUCKET", default="")
+TRAINHUB_S3_REGION = env.str("TRAINHUB_S3_REGION", default="")
+TRAINHUB_S3_ENDPOINT_URL = env.str("TRAINHUB_S3_ENDPOINT_URL", default="")  # MinIO, R2, …
+TRAINHUB_S3_ADDRESSING_STYLE = env.str("TRAINHUB_S3_ADDRESSING_STYLE", default="auto")  # or path
+# Retention: the checkpoint slot and unverified bundles of a finished job are deleted this long
+# after it finished (succeeded jobs at once: nothing resumes from them); the verified adapter
+# lives as long as its job.
+TRAINHUB_CHECKPOINT_RETENTION_SECONDS = env.int(
+    "TRAINHUB_CHECKPOINT_RETENTION_SECONDS", default=7 * 24 * 3600
+)
 TRAINHUB_MAX_UPLOAD_BYTES = env.int("TRAINHUB_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
 # Django buffers small uploads in memory and spills larger ones to disk; uploads stream
 # from there into storage in chunks, never read whole.
@@ -140,6 +153,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": celery_conf.FLEET_TICK,
         "schedule": celery_conf.FLEET_TICK_INTERVAL_SECONDS,
         "options": {"expires": celery_conf.FLEET_TICK_INTERVAL_SECONDS},
+    },
+    "storage-sweep": {
+        "task": celery_conf.STORAGE_SWEEP,
+        "schedule": celery_conf.STORAGE_SWEEP_INTERVAL_SECONDS,
+        "options": {"expires": celery_conf.STORAGE_SWEEP_INTERVAL_SECONDS},
     },
 }
 # Locks (per-target poll, single beat) live in the broker's Redis.

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from jobs import transfer
+from jobs.storage import transfer
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.http import FileResponse
+from django.http import HttpResponseBase
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ParseError
@@ -16,10 +17,12 @@ from rest_framework.views import APIView
 from jobs import selectors, storage
 from jobs.api import presenters as p
 from jobs.api.auth import request_project
-from jobs.errors import InvalidRequest
+from jobs.errors import InvalidRequest, Unavailable
 from jobs.services import files as file_services
 from jobs.services import jobs as job_services
 from jobs.services import projects as project_services
+
+log = logging.getLogger(__name__)
 
 LIST_PARAMS = [
     OpenApiParameter("limit", int, description="1-100, default 20"),
@@ -206,15 +209,29 @@ class JobArtifactListView(APIView):
 
 
 class ArtifactDownloadView(APIView):
-    @extend_schema(responses={(200, "application/octet-stream"): bytes})
-    def get(self, request: Request, artifact_id: str) -> FileResponse:
+    @extend_schema(
+        responses={
+            (200, "application/octet-stream"): bytes,
+            (206, "application/octet-stream"): bytes,
+            302: None,
+        },
+        parameters=[OpenApiParameter("Range", str, OpenApiParameter.HEADER)],
+    )
+    def get(self, request: Request, artifact_id: str) -> HttpResponseBase:
         artifact = selectors.artifact_get(project=request_project(request), artifact_id=artifact_id)
-        response = FileResponse(
-            storage.local_path(artifact.storage_key).open("rb"),
-            as_attachment=True,
-            filename=artifact.filename,
-        )
-        # An ETag is not a SHA-256 (S3's is MD5 or composite), so the digest has its own header.
+        try:
+            response = storage.download_response(
+                request, artifact.storage_key, filename=artifact.filename
+            )
+        except storage.ObjectMissing:
+            log.error("artifact %s: %s is missing from storage", artifact_id, artifact.storage_key)
+            raise Unavailable(
+                f"The bytes of artifact '{artifact_id}' are missing from storage; "
+                "the operator has been alerted in the server log.",
+                code="artifact_unavailable",
+            ) from None
+        # An ETag is not a SHA-256 (S3's is MD5 or composite), so the digest has its own header,
+        # on the redirect too: the client checks what it downloads from wherever it is sent.
         response["X-Checksum-SHA256"] = artifact.sha256
         return response
 

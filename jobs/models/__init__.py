@@ -2,6 +2,7 @@ from jobs.models.files import TrainingFile
 from jobs.models.jobs import Artifact, IdempotencyKey, JobAttempt, JobEvent, TrainingJob
 from jobs.models.nodes import GpuNode, NodeEvent
 from jobs.models.projects import ApiKey, Project, ProjectMembership, ProviderCredential
+from jobs.models.storage import StorageDeletion
 
 __all__ = [
     "ApiKey",
@@ -14,6 +15,7 @@ __all__ = [
     "Project",
     "ProjectMembership",
     "ProviderCredential",
+    "StorageDeletion",
     "TrainingFile",
     "TrainingJob",
 ]

@@ -51,6 +51,9 @@ class TrainingJob(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When the retention sweep last removed this job's checkpoint and unverified bundles; a
+    # retry that finishes again (a later finished_at) makes it due again.
+    storage_swept_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
 from gpu_worker.spec import SPEC_VERSION
-from jobs import storage, transfer
+from jobs import storage
 from jobs.errors import InvalidTransition
 from jobs.models import GpuNode, JobAttempt, TrainingJob
 from jobs.placement import misfit
@@ -41,8 +41,8 @@ LOCAL = "local"
 # Jobs looked at per pass; the rest wait for the next pass (the order is by priority, age).
 DISPATCH_BATCH = 200
 # Signed URLs outlive the attempt: max_runtime plus time to wait in the node's queue and upload.
+# (S3 caps a presigned URL at 7 days, so a week-long job gets no slack there.)
 URL_SLACK_SECONDS = 6 * 3600
-MAX_ARTIFACT_BYTES = 5 * 1024**3  # one PUT (S3's single-request limit)
 
 
 def dispatch_queued() -> int:
@@ -137,7 +137,7 @@ def attempt_spec(attempt: JobAttempt) -> dict[str, Any]:
         "model": job.model,
         **{
             name: {
-                "url": transfer.transfer_url(f.storage_key, "GET", ttl_seconds=ttl),
+                "url": storage.transfer_url(f.storage_key, "GET", ttl_seconds=ttl),
                 "sha256": f.sha256,
                 "format": f.format,
             }
@@ -145,16 +145,18 @@ def attempt_spec(attempt: JobAttempt) -> dict[str, Any]:
             if f is not None
         },
         "outputs": {
-            "artifact_url": transfer.transfer_url(
+            # Issued before the bytes exist, so capped rather than pinned to a size and hash:
+            # ingest verifies every member against the manifest and the reported sha256.
+            "artifact_url": storage.transfer_url(
                 storage.bundle_key(job.project_id, job.public_id, attempt.number),
                 "PUT",
                 ttl_seconds=ttl,
-                max_bytes=MAX_ARTIFACT_BYTES,
+                max_bytes=storage.MAX_PUT_BYTES,
             ),
-            "checkpoint_url": transfer.transfer_url(
-                checkpoint, "PUT", ttl_seconds=ttl, max_bytes=MAX_ARTIFACT_BYTES
+            "checkpoint_url": storage.transfer_url(
+                checkpoint, "PUT", ttl_seconds=ttl, max_bytes=storage.MAX_PUT_BYTES
             ),
-            "resume_url": transfer.transfer_url(checkpoint, "GET", ttl_seconds=ttl)
+            "resume_url": storage.transfer_url(checkpoint, "GET", ttl_seconds=ttl)
             if storage.exists(checkpoint)
             else None,
         },

@@ -15,6 +15,7 @@ from jobs import storage
 from jobs.errors import Conflict, InvalidRequest
 from jobs.models import Project, TrainingFile, TrainingJob
 from jobs.models.ids import new_file_id
+from jobs.services.retention import storage_forget
 from jobs.states import LIVE
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,6 @@ def file_delete(*, record: TrainingFile) -> None:
             f"File {record.public_id} is referenced by finished jobs; delete those jobs first.",
             code="file_in_use",
         )
-    key = record.storage_key
     with transaction.atomic():
+        storage_forget(key=record.storage_key, reason="file deleted")
         record.delete()
-        transaction.on_commit(lambda: storage.delete(key))

@@ -15,10 +15,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpu_worker import celery_conf, spec
-from jobs import placement
+from jobs import placement, storage
 from jobs.errors import Conflict, InvalidRequest, InvalidTransition, LimitExceeded
 from jobs.models import IdempotencyKey, Project, TrainingFile, TrainingJob
 from jobs.services.events import event_append
+from jobs.services.retention import storage_forget
 from jobs.states import ALLOWED_FROM, LIVE, TERMINAL, JobStatus
 from providers import registry
 
@@ -161,6 +162,15 @@ def _check_target(project: Project, name: object) -> str:
     if entry is None:
         raise _param_error(
             f"Unknown target {name!r}; available: {', '.join(registry.names())}.", "target"
+        )
+    if entry.adapter_factory is not None and not storage.reachable_from_cloud():
+        # Refused now, before a GPU is rented that could not fetch its data.
+        raise _param_error(
+            f"target '{entry.name}' runs on rented machines that cannot reach this "
+            "installation's local storage; the operator must set TRAINHUB_STORAGE=s3 (with "
+            "TRAINHUB_S3_BUCKET) or a public TRAINHUB_PUBLIC_URL. Use target 'local' meanwhile.",
+            "target",
+            "storage_unreachable",
         )
     kind = entry.credential_kind
     if kind and not (
@@ -371,4 +381,6 @@ def job_delete(*, job: TrainingJob) -> None:
             f"Job {job.public_id} is {job.status}; cancel it before deleting.",
             code="job_not_terminal",
         )
-    job.delete()
+    with transaction.atomic():
+        storage_forget(key=storage.job_prefix(job.project_id, job.public_id), reason="job deleted")
+        job.delete()

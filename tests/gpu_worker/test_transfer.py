@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import responses
 
 from gpu_worker import transfer
 from gpu_worker.errors import Cancelled, ExecutorError
@@ -185,3 +187,50 @@ def test_redact_and_scrub() -> None:
     )
     scrubbed = transfer.scrub(text, url)
     assert "Signature" not in scrubbed and "AK" not in scrubbed and "/a/b.tar" in scrubbed
+
+
+# --- S3's integrity answers (payloads as S3 documents them) -----------------------------------
+
+S3_PUT_URL = (
+    "https://trainhub-bucket.s3.us-east-1.amazonaws.com/projects/1/jobs/ftjob-x/a1/adapter.tar"
+)
+S3_BAD_DIGEST = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>BadDigest</Code><Message>The '
+    b"Content-MD5 you specified did not match what we received.</Message><ExpectedDigest>"
+    b"a4e1b9ab6d7f8ac2a3c2d1e0f9e8d7c6</ExpectedDigest><CalculatedDigest>"
+    b"0f1e2d3c4b5a69788796a5b4c3d2e1f0</CalculatedDigest><RequestId>4442587FB7D0A2F9"
+    b"</RequestId><HostId>hostid</HostId></Error>"
+)
+S3_INVALID_ARGUMENT = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidArgument</Code><Message>'
+    b"Invalid argument.</Message><RequestId>4442587FB7D0A2F9</RequestId></Error>"
+)
+
+
+@responses.activate
+def test_upload_sends_content_md5_and_resends_after_bad_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transfer, "BACKOFF_SECONDS", 0.0)
+    src = tmp_path / "adapter.tar"
+    src.write_bytes(BODY)
+    url = S3_PUT_URL + "?X-Amz-Signature=abc&X-Amz-Expires=600"
+    responses.put(S3_PUT_URL, status=400, body=S3_BAD_DIGEST, content_type="application/xml")
+    responses.put(S3_PUT_URL, status=200)
+
+    assert transfer.upload(src, url, what="bundle") == len(BODY)
+
+    md5 = base64.b64encode(hashlib.md5(BODY, usedforsecurity=False).digest()).decode()
+    assert [c.request.headers["Content-MD5"] for c in responses.calls] == [md5, md5]
+    assert all(c.request.headers["Content-Length"] == str(len(BODY)) for c in responses.calls)
+
+
+@responses.activate
+def test_other_s3_400s_fail_at_once_without_quoting_the_signature(tmp_path: Path) -> None:
+    src = tmp_path / "adapter.tar"
+    src.write_bytes(b"x")
+    responses.put(S3_PUT_URL, status=400, body=S3_INVALID_ARGUMENT)
+    with pytest.raises(ExecutorError, match="HTTP 400") as info:
+        transfer.upload(src, S3_PUT_URL + "?X-Amz-Signature=secret-sig", what="bundle")
+    assert len(responses.calls) == 1
+    assert "secret-sig" not in str(info.value)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import requests
+from requests.structures import CaseInsensitiveDict
 from rest_framework.test import APIClient
 
 ERROR_TYPES = {
@@ -67,3 +70,37 @@ def upload(
     handle = io.BytesIO(content)
     handle.name = filename
     return client.post("/api/v1/files/", {"file": handle, **fields}, format="multipart")
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    status: int
+    sha256_header: str | None  # X-Checksum-SHA256, from the API's own response
+    body: bytes
+    headers: CaseInsensitiveDict  # HTTP header names are case-insensitive (moto sends lowercase)
+    redirected: bool
+
+
+def download(api: APIClient, artifact_id: str, byte_range: str | None = None) -> Downloaded:
+    """GET an artifact's download route as a client does: a redirect (S3) is followed with the
+    same Range header and without the API key, as curl -L and requests do across hosts."""
+    extra = {"HTTP_RANGE": f"bytes={byte_range}"} if byte_range else {}
+    resp = api.get(f"/api/v1/artifacts/{artifact_id}/download/", **extra)
+    if resp.status_code == 302:
+        headers = {"Range": f"bytes={byte_range}"} if byte_range else {}
+        followed = requests.get(resp["Location"], headers=headers, timeout=30)
+        return Downloaded(
+            followed.status_code,
+            resp.get("X-Checksum-SHA256"),
+            followed.content,
+            followed.headers,
+            redirected=True,
+        )
+    body = b"".join(resp.streaming_content) if resp.streaming else resp.content
+    return Downloaded(
+        resp.status_code,
+        resp.get("X-Checksum-SHA256"),
+        body,
+        CaseInsensitiveDict(resp.items()),
+        redirected=False,
+    )

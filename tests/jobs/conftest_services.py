@@ -42,7 +42,9 @@ def sent(monkeypatch) -> SentTasks:
 
 
 @pytest.fixture
-def fake_cloud() -> Iterator[FakeAdapter]:
+def fake_cloud(settings) -> Iterator[FakeAdapter]:
+    # Rented machines need storage they can reach; with local storage, a public address.
+    settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
     adapter = register_fake("fake-cloud")
     yield adapter
     registry.unregister("fake-cloud")

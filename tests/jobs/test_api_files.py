@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from gpu_worker import celery_conf as cc
+from jobs import tasks
 from jobs.models import TrainingFile
 from jobs.services.files import file_validate
+from tests.jobs import conftest_services
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds, upload
+
+sent = conftest_services.sent
 
 
 def _line(user: str, assistant: str, role: str = "assistant") -> str:
@@ -171,7 +176,7 @@ def test_get_unknown_file(api, file_id: str) -> None:
     assert_error(api.delete(f"/api/v1/files/{file_id}/"), 404, code="file_not_found")
 
 
-def test_delete_file(api, django_capture_on_commit_callbacks) -> None:
+def test_delete_file(api, django_capture_on_commit_callbacks, sent) -> None:
     file_id = upload(api, GOOD).json()["id"]
     assert len(_stored_files()) == 1
 
@@ -181,7 +186,11 @@ def test_delete_file(api, django_capture_on_commit_callbacks) -> None:
     assert response.status_code == 200
     assert response.json() == {"id": file_id, "object": "file", "deleted": True}
     assert_error(api.get(f"/api/v1/files/{file_id}/"), 404)
-    assert _stored_files() == [], "the stored object goes once the delete commits"
+    # The delete committed a StorageDeletion and sent its purge; the worker runs it:
+    [[deletion_pk]] = sent.named(cc.PURGE_STORAGE)
+    assert len(_stored_files()) == 1
+    tasks.purge_storage(deletion_pk)
+    assert _stored_files() == [], "the stored object goes once the purge runs"
 
 
 def test_delete_file_used_by_live_job_conflicts(api, make_job) -> None:

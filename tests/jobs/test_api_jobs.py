@@ -17,6 +17,7 @@ from jobs.services.jobs import job_create
 from jobs.services.projects import project_default_for_user
 from providers import registry
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
+from tests.providers.fake import register_fake
 
 JOBS = "/api/v1/jobs/"
 JOB_KEYS = {
@@ -154,6 +155,29 @@ def test_create_target_auto_explains_itself(api, processed_file) -> None:
         _create(api, _job_body(processed_file.public_id, target="auto")), 400, param="target"
     )
     assert "auto" in error["message"] and "local" in error["message"]
+
+
+@pytest.mark.parametrize("storage_kind", ["local", "local-with-public-url", "s3"])
+def test_cloud_targets_need_storage_the_rented_machine_can_reach(
+    api, processed_file, settings, storage_kind: str
+) -> None:
+    register_fake("rented")
+    try:
+        settings.TRAINHUB_PUBLIC_URL = (
+            "https://trainhub.example.org" if "public" in storage_kind else ""
+        )
+        if storage_kind == "s3":
+            settings.TRAINHUB_STORAGE, settings.TRAINHUB_S3_BUCKET = "s3", "trainhub-artifacts"
+        response = _create(api, _job_body(processed_file.public_id, target="rented"))
+        if storage_kind == "local":
+            error = assert_error(response, 400, param="target", code="storage_unreachable")
+            assert "TRAINHUB_STORAGE=s3" in error["message"]
+            assert "TRAINHUB_PUBLIC_URL" in error["message"]
+            assert TrainingJob.objects.count() == 0
+        else:
+            assert response.status_code == 201, response.content
+    finally:
+        registry.unregister("rented")
 
 
 def test_create_model_not_allowed(api, processed_file, settings) -> None:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
 from gpu_worker.spec import parse_job_spec
-from jobs import storage, transfer
+from jobs import storage
 from jobs.errors import InvalidRequest
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
 from jobs.placement import misfit, parse_gpu
@@ -31,6 +31,7 @@ from jobs.services.attempts import (
 )
 from jobs.services.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
+from jobs.storage import transfer
 from tests.jobs import conftest_services
 
 pytestmark = pytest.mark.django_db

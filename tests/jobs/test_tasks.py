@@ -339,14 +339,17 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
 
     names = [cc.VALIDATE_FILE, cc.SUBMIT_ATTEMPT, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
              cc.CANCEL_JOB, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.RECORD_EVENTS, cc.DISPATCH,
-             cc.FLEET_TICK, cc.NODE_REGISTER, cc.NODE_HEARTBEAT, cc.NODE_STOPPING]  # fmt: skip
+             cc.FLEET_TICK, cc.NODE_REGISTER, cc.NODE_HEARTBEAT, cc.NODE_STOPPING,
+             cc.PURGE_STORAGE, cc.STORAGE_SWEEP]  # fmt: skip
     for name in names:
         assert name in app.tasks, name
         assert app.tasks[name].ignore_result
         route = app.amqp.router.route({}, name)
         assert route["queue"].name == cc.DEFAULT_QUEUE, name
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
-    assert scheduled == {cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK}
+    assert scheduled == {
+        cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK, cc.STORAGE_SWEEP
+    }  # fmt: skip
     assert app.conf.broker_transport_options["visibility_timeout"] > cc.LONGEST_JOB_SECONDS
 
 

@@ -5,6 +5,7 @@ The view never touches the database, but live_server needs database access for i
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import socket
@@ -16,7 +17,8 @@ import requests
 
 from gpu_worker import transfer as client
 from gpu_worker.errors import ExecutorError
-from jobs import storage, transfer
+from jobs import storage
+from jobs.storage import transfer
 
 pytestmark = pytest.mark.django_db
 
@@ -48,11 +50,11 @@ def old_object() -> bytes:
 
 
 def get_url(ttl: int = 60) -> str:
-    return transfer.transfer_url(KEY, "GET", ttl_seconds=ttl)
+    return storage.transfer_url(KEY, "GET", ttl_seconds=ttl)
 
 
 def put_url(*, max_bytes: int = 10 * len(BODY), sha256: str | None = None, ttl: int = 60) -> str:
-    return transfer.transfer_url(KEY, "PUT", ttl_seconds=ttl, max_bytes=max_bytes, sha256=sha256)
+    return storage.transfer_url(KEY, "PUT", ttl_seconds=ttl, max_bytes=max_bytes, sha256=sha256)
 
 
 def error_code(resp: requests.Response) -> str:
@@ -60,11 +62,12 @@ def error_code(resp: requests.Response) -> str:
 
 
 def current() -> bytes:
-    return storage.local_path(KEY).read_bytes()
+    return b"".join(storage.read_chunks(KEY))
 
 
 def no_temp_files() -> bool:
-    return not any(p.name.startswith(".upload-") for p in storage.local_path(KEY).parent.iterdir())
+    folder = storage.backend().path(KEY).parent
+    return not any(p.name.startswith(".upload-") for p in folder.iterdir())
 
 
 # --- issuing ----------------------------------------------------------------------------------
@@ -95,7 +98,7 @@ def test_url_shape(base: str) -> None:
 )
 def test_transfer_url_refuses_bad_arguments(method: str, extra: dict) -> None:
     with pytest.raises(ValueError):
-        transfer.transfer_url(KEY, method, ttl_seconds=60, **extra)
+        storage.transfer_url(KEY, method, ttl_seconds=60, **extra)
 
 
 # --- the round trip through the executor's client ---------------------------------------------
@@ -334,3 +337,51 @@ def test_multi_and_malformed_ranges_get_the_whole_object(
     resp = ranged(get_url(), spec)
     assert resp.status_code == 200
     assert resp.content == stored
+
+
+# --- Content-MD5 and pinned sizes, as S3 checks them ------------------------------------------
+
+
+def md5_b64(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+
+
+def test_content_md5_is_checked(base: str, old_object: bytes) -> None:
+    resp = requests.put(put_url(), data=BODY, headers={"Content-MD5": md5_b64(BODY)}, timeout=10)
+    assert resp.status_code == 201
+    assert current() == BODY
+
+
+def test_a_body_damaged_in_transit_is_refused_and_nothing_stored(
+    base: str, old_object: bytes
+) -> None:
+    damaged = BODY[:-1] + b"X"
+    resp = requests.put(put_url(), data=damaged, headers={"Content-MD5": md5_b64(BODY)}, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (400, "bad_digest")
+    assert "damaged in transit" in resp.json()["error"]["message"]
+    assert current() == old_object
+    assert no_temp_files()
+
+
+@pytest.mark.parametrize("header", ["not base64!", base64.b64encode(b"short").decode(), ""])
+def test_a_malformed_content_md5_is_400(base: str, old_object: bytes, header: str) -> None:
+    resp = requests.put(put_url(), data=BODY, headers={"Content-MD5": header}, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (400, "invalid_digest")
+    assert current() == old_object
+
+
+def test_a_size_pinned_url_takes_only_that_length(base: str, old_object: bytes) -> None:
+    url = storage.transfer_url(KEY, "PUT", ttl_seconds=60, size=len(BODY))
+    resp = requests.put(url, data=BODY + b"!", timeout=10)
+    assert (resp.status_code, error_code(resp)) == (400, "size_mismatch")
+    assert str(len(BODY)) in resp.json()["error"]["message"]
+    assert current() == old_object
+    assert requests.put(url, data=BODY, timeout=10).status_code == 201
+
+
+def test_transfer_route_is_closed_when_storage_is_s3(base: str, stored: bytes, settings) -> None:
+    url = get_url()
+    settings.TRAINHUB_STORAGE = "s3"
+    settings.TRAINHUB_S3_BUCKET = "unused"
+    resp = requests.get(url, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (404, "not_found")

@@ -1,20 +1,23 @@
-"""Signed, expiring transfer URLs: how GPU nodes read their inputs and write their results.
+"""The local backend's transfer routes: signed, expiring, per-object, per-verb URLs.
 
-Nodes never hold database or storage credentials. At dispatch the job spec gets one URL per
-object and per verb (GET the training file, PUT the adapter bundle), each good until an
-absolute expiry, so a leaked spec exposes those objects only, and only for that long. The token
-is the authority: the view does no other authentication and touches no database.
+Nodes never hold database or storage credentials. The job spec gets one URL per object and per
+verb (GET the training file, PUT the adapter bundle), each good until an absolute expiry, so a
+leaked spec exposes those objects only, and only for that long. The token is the authority: the
+view does no other authentication and touches no database. (With S3 storage the same URLs are
+S3 presigned URLs and this route is not used: jobs.storage.s3.)
 
-For the local storage backend the token is a Django signature (SECRET_KEY under its own salt)
-over the storage key, the verb, the expiry and, for PUT, the size cap and the expected sha256.
-GET streams the object, honouring a single byte range so an interrupted download can resume.
-PUT streams the body through ``storage.save_stream``, which renames into place only after every
-check passed, so a failed upload never replaces what was there. S3 presigned URLs will plug in
-behind :func:`transfer_url` later; the executor's client (gpu_worker.transfer) speaks to both.
+The token is a Django signature (SECRET_KEY under its own salt) over the storage key, the verb,
+the expiry and, for PUT, the size cap, the exact size and the sha256 when known. GET streams
+the object, honouring a single byte range so an interrupted download can resume. PUT streams the
+body into storage, which renames into place only after every check passed (size, sha256, and a
+``Content-MD5`` the client sent, as S3 checks it), so a failed upload never replaces anything.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import os
 import re
 import time
@@ -27,47 +30,41 @@ from django.core import signing
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from jobs import storage
 from jobs.api.errors import error_body
+from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge, check_sha256
 
 SALT = "trainhub.transfer"
 METHODS = ("GET", "PUT")
-CHUNK_BYTES = storage.CHUNK_BYTES
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
 
 
-def transfer_url(
+def sign(
     key: str,
     method: str,
     *,
     ttl_seconds: int,
     max_bytes: int | None = None,
+    size: int | None = None,
     sha256: str | None = None,
+    public: bool = False,
 ) -> str:
-    """An absolute URL that allows ``method`` on storage ``key`` for ``ttl_seconds`` from now.
+    """An absolute URL that allows ``method`` on ``key`` for ``ttl_seconds`` from now.
 
-    ``key`` is a key built by jobs.storage, never user input. A PUT URL needs ``max_bytes`` (a
-    node must not be able to fill the disk) and may pin ``sha256`` so that a corrupted upload
-    is refused instead of stored. Raises ValueError for anything else.
+    Arguments are checked by ``jobs.storage.transfer_url``. ``public``: for workers outside
+    the operator's network (TRAINHUB_PUBLIC_URL), else for GPU nodes (TRAINHUB_CONTROL_URL).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     payload: dict[str, Any] = {"key": key, "method": method, "exp": int(time.time()) + ttl_seconds}
     if method == "PUT":
-        if max_bytes is None:
-            raise ValueError("a PUT transfer URL needs max_bytes")
-        payload["max_bytes"] = max_bytes
+        payload["max_bytes"] = size if size is not None else max_bytes
+        if size is not None:
+            payload["size"] = size
         if sha256 is not None:
-            if not _SHA256.fullmatch(sha256.lower()):
-                raise ValueError(f"sha256 must be 64 hex digits, not {sha256!r}")
-            payload["sha256"] = sha256.lower()
-    elif max_bytes is not None or sha256 is not None:
-        raise ValueError("max_bytes and sha256 apply to PUT transfer URLs only")
+            payload["sha256"] = check_sha256(sha256)
     token = signing.dumps(payload, salt=SALT, compress=True)
+    base = settings.TRAINHUB_PUBLIC_URL if public else settings.TRAINHUB_CONTROL_URL
     # In the query string, like an S3 presigned URL's credentials: the executor's messages
     # strip query strings (gpu_worker.transfer.redact/scrub), so the token never reaches a log.
-    return f"{settings.TRAINHUB_CONTROL_URL.rstrip('/')}/transfer/?{urlencode({'t': token})}"
+    return f"{base.rstrip('/')}/transfer/?{urlencode({'t': token})}"
 
 
 class _Refused(Exception):
@@ -78,6 +75,10 @@ class _Refused(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.headers = status, code, message, headers
+
+    def response(self) -> JsonResponse:
+        body = error_body(self.message, type="invalid_request_error", code=self.code)
+        return JsonResponse(body, status=self.status, headers=self.headers)
 
 
 @csrf_exempt
@@ -91,10 +92,29 @@ def transfer_view(request: HttpRequest) -> HttpResponseBase:
                 headers={"Allow": ", ".join(METHODS)},
             )
         grant = _grant(request.GET.get("t", ""), method=request.method)
-        return _get(request, grant) if request.method == "GET" else _put(request, grant)
+        backend = _local_backend()
+        if request.method == "GET":
+            try:
+                fh = backend.open(grant["key"])
+            except ObjectMissing:
+                raise _Refused(
+                    404, "not_found", "No object has been stored at this URL yet."
+                ) from None
+            return serve(request, fh)
+        return _put(request, grant, backend)
     except _Refused as exc:
-        body = error_body(exc.message, type="invalid_request_error", code=exc.code)
-        return JsonResponse(body, status=exc.status, headers=exc.headers)
+        return exc.response()
+
+
+def _local_backend() -> Any:
+    from jobs import storage
+
+    backend = storage.backend()
+    if backend.name != "local":
+        raise _Refused(
+            404, "not_found", "This installation stores objects in S3; transfer URLs point there."
+        )
+    return backend
 
 
 def _grant(token: str, *, method: str) -> dict[str, Any]:
@@ -121,19 +141,16 @@ def _grant(token: str, *, method: str) -> dict[str, Any]:
     return grant
 
 
-def _get(request: HttpRequest, grant: dict[str, Any]) -> HttpResponseBase:
-    try:
-        # Opened before answering: a concurrent PUT renames a new file into place, and this
-        # response keeps streaming the one whose size it announced.
-        fh = storage.local_path(grant["key"]).open("rb")
-    except FileNotFoundError:
-        raise _Refused(404, "not_found", "No object has been stored at this URL yet.") from None
+def serve(request: HttpRequest, fh: BinaryIO) -> HttpResponseBase:
+    """Stream an open file, honouring a single ``Range``: 206 with Content-Range, 416 past the
+    end, the whole file for anything else. The file is open before answering, so a concurrent
+    PUT (a rename) cannot change the bytes this response announced."""
     size = os.fstat(fh.fileno()).st_size
     try:
         span = _byte_range(request.headers.get("Range"), size=size)
-    except _Refused:
+    except _Refused as exc:
         fh.close()
-        raise
+        return exc.response()
     first, last = span or (0, size - 1)
     content = _Slice(fh, start=first, length=last - first + 1)
     response = StreamingHttpResponse(
@@ -196,7 +213,7 @@ class _Slice:
         self._fh.close()
 
 
-def _put(request: HttpRequest, grant: dict[str, Any]) -> JsonResponse:
+def _put(request: HttpRequest, grant: dict[str, Any], backend: Any) -> JsonResponse:
     limit: int = grant["max_bytes"]
     raw_length = request.META.get("CONTENT_LENGTH") or ""
     if not raw_length:
@@ -206,33 +223,51 @@ def _put(request: HttpRequest, grant: dict[str, Any]) -> JsonResponse:
     if not raw_length.isascii() or not raw_length.isdigit():
         raise _Refused(400, "invalid_content_length", f"Bad Content-Length {raw_length!r}.")
     declared = int(raw_length)
+    if "size" in grant and declared != grant["size"]:
+        raise _Refused(
+            400,
+            "size_mismatch",
+            f"This transfer URL takes exactly {grant['size']} bytes, not {declared}.",
+        )
     if declared > limit:
         raise _too_large(limit, declared)
+    md5 = _content_md5(request.headers.get("Content-MD5"))
     try:
-        stored = storage.save_stream(
+        stored = backend.save_stream(
             grant["key"],
-            _body(request, declared=declared),
+            _body(request, declared=declared, md5=md5),
             max_bytes=limit,
             expected_sha256=grant.get("sha256"),
         )
-    except storage.TooLarge:
+    except TooLarge:
         raise _too_large(limit, None) from None
-    except storage.HashMismatch as exc:
-        raise _Refused(
-            400,
-            "checksum_mismatch",
-            f"The body's sha256 is {exc.actual} but this URL expects {exc.expected}; it was "
-            "corrupted in transit or is not the file the URL was issued for. Nothing was stored; "
-            "upload it again.",
-        ) from None
+    except HashMismatch as exc:
+        raise _checksum_mismatch(exc) from None
     return JsonResponse({"size": stored.size, "sha256": stored.sha256}, status=201)
 
 
-def _body(request: HttpRequest, *, declared: int) -> Iterator[bytes]:
+def _content_md5(header: str | None) -> bytes | None:
+    """The digest a ``Content-MD5`` header announces (base64 of 16 bytes), as S3 reads it."""
+    if header is None:
+        return None
+    try:
+        digest = base64.b64decode(header, validate=True)
+    except (binascii.Error, ValueError):
+        digest = b""
+    if len(digest) != 16:
+        raise _Refused(
+            400, "invalid_digest", "Content-MD5 must be the base64 of the body's 16-byte MD5."
+        )
+    return digest
+
+
+def _body(request: HttpRequest, *, declared: int, md5: bytes | None) -> Iterator[bytes]:
     """The request body in 1 MiB chunks; raising here makes save_stream drop its temp file."""
-    received = 0
+    received, digest = 0, hashlib.md5(usedforsecurity=False)
     while chunk := request.read(CHUNK_BYTES):
         received += len(chunk)
+        if md5 is not None:
+            digest.update(chunk)
         yield chunk
     if received != declared:  # the client went away mid-upload: never store a truncated file
         raise _Refused(
@@ -240,6 +275,23 @@ def _body(request: HttpRequest, *, declared: int) -> Iterator[bytes]:
             "incomplete_body",
             f"The body ended after {received} of {declared} bytes; nothing was stored.",
         )
+    if md5 is not None and digest.digest() != md5:
+        # S3's code for the same case (BadDigest): the bytes changed on the way; send them again.
+        raise _Refused(
+            400,
+            "bad_digest",
+            f"The body's MD5 is {digest.hexdigest()} but its Content-MD5 says {md5.hex()}: it "
+            "was damaged in transit. Nothing was stored; upload it again.",
+        )
+
+
+def _checksum_mismatch(exc: HashMismatch) -> _Refused:
+    return _Refused(
+        400,
+        "checksum_mismatch",
+        f"The body's sha256 is {exc.actual} but this URL expects {exc.expected}; it is not the "
+        "file the URL was issued for, or it was corrupted before upload. Nothing was stored.",
+    )
 
 
 def _too_large(limit: int, declared: int | None) -> _Refused:
