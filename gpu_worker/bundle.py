@@ -1,7 +1,9 @@
 """The adapter bundle: an uncompressed tar whose first member is ``manifest.json``.
 
 Written by the executor, verified by the control plane while streaming (never extracted to
-disk). Django-free so both sides share one definition of the format.
+disk). Django-free so both sides share one definition of the format. Verification walks the
+tar headers itself (``tarfile.TarInfo.frombuf`` decodes each) so member bytes are hashed
+straight from the incoming chunks, without tarfile's stream buffering copying them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import queue
 import tarfile
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -18,6 +22,9 @@ from typing import IO
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 _CHUNK = 1024 * 1024
+_BLOCK = tarfile.BLOCKSIZE
+_ZERO_BLOCK = bytes(_BLOCK)
+_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
 
 class BundleError(ValueError):
@@ -73,33 +80,62 @@ def write_bundle(source_dir: Path, out: IO[bytes]) -> list[BundleFile]:
     return files
 
 
-class _HashingReader(io.RawIOBase):
-    """A read-only stream over byte chunks that hashes and counts everything read."""
+class _WholeHash:
+    """SHA-256 of the whole stream, on a second thread: hashlib releases the GIL for large
+    buffers, so it runs beside the member hashing and ingest costs about one hash pass."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._buffer = b""
+    def __init__(self) -> None:
         self.digest = hashlib.sha256()
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=16)  # <= 16 chunks held
+        self._thread = threading.Thread(target=self._run, name="bundle-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self.digest.update(chunk)
+
+    def feed(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def finish(self) -> str:
+        self._queue.put(None)
+        self._thread.join()
+        return self.digest.hexdigest()
+
+
+class _Blocks:
+    """The stream as it arrives, read in exact sizes without copying member bytes."""
+
+    def __init__(self, chunks: Iterable[bytes], whole: _WholeHash) -> None:
+        self._chunks = iter(chunks)
+        self._whole = whole
+        self._view = memoryview(b"")
         self.size = 0
 
-    def readable(self) -> bool:
-        return True
+    def _more(self) -> bool:
+        for chunk in self._chunks:
+            if chunk:
+                self._whole.feed(chunk)
+                self.size += len(chunk)
+                self._view = memoryview(chunk)
+                return True
+        return False
 
-    def readinto(self, target: memoryview) -> int:  # type: ignore[override]
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(target), len(self._buffer))
-        target[:n] = self._buffer[:n]
-        self.digest.update(self._buffer[:n])
-        self.size += n
-        self._buffer = self._buffer[n:]
-        return n
+    def pieces(self, n: int) -> Iterator[memoryview]:
+        """Exactly ``n`` bytes as views into the chunks; BundleError if the stream ends first."""
+        while n > 0:
+            if not self._view and not self._more():
+                raise BundleError("the bundle is truncated")
+            piece, self._view = self._view[:n], self._view[n:]
+            n -= len(piece)
+            yield piece
+
+    def read(self, n: int) -> bytes:
+        return b"".join(self.pieces(n))
 
     def drain(self) -> None:
-        while self.read(_CHUNK):
+        self._view = memoryview(b"")
+        while self._more():
             pass
 
 
@@ -119,45 +155,76 @@ def _parse_manifest(raw: bytes) -> dict[str, BundleFile]:
     return {e.path: e for e in entries}
 
 
-def verify_bundle(chunks: Iterable[bytes]) -> VerifiedBundle:
-    """Stream through the bundle, checking every member against the manifest.
+def _pax_overrides(raw: bytes) -> dict[str, str]:
+    """The ``path`` and ``size`` records of a PAX extended header (``"<len> key=value\n"``)."""
+    found: dict[str, str] = {}
+    for record in raw.decode("utf-8", "replace").split("\n"):
+        _, _, pair = record.partition(" ")
+        key, _, value = pair.partition("=")
+        if key in ("path", "size"):
+            found[key] = value
+    return found
 
-    Memory stays flat: members are hashed in chunks, nothing is written anywhere.
-    Raises BundleError on the first problem.
-    """
-    reader = _HashingReader(chunks)
-    stream = io.BufferedReader(reader, buffer_size=_CHUNK)
-    expected: dict[str, BundleFile] | None = None
-    seen: list[BundleFile] = []
+
+def _members(blocks: _Blocks) -> Iterator[tuple[str, int, bytes]]:
+    """(name, size, type) of each member, up to the end-of-archive block. The caller consumes
+    each member's data (``size`` bytes) before asking for the next."""
+    pax: dict[str, str] = {}
+    while True:
+        header = blocks.read(_BLOCK)
+        if header == _ZERO_BLOCK:
+            return
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as exc:
+            raise BundleError(f"not a readable tar archive: {exc}") from None
+        if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+            raw = blocks.read(_padded(info.size))[: info.size]
+            if info.type == tarfile.XHDTYPE:
+                pax = _pax_overrides(raw)
+            continue
+        name, size = pax.get("path", info.name), int(pax.get("size", info.size))
+        pax = {}
+        yield name, size, info.type
+        blocks.read(_padded(size) - size)
+
+
+def _padded(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
+
+
+def verify_bundle(chunks: Iterable[bytes]) -> VerifiedBundle:
+    """Stream through the bundle, checking every member against the manifest and hashing the
+    whole. Memory stays flat (a few chunks); nothing is written anywhere. Raises BundleError
+    on the first problem, naming the member."""
+    whole = _WholeHash()
+    blocks = _Blocks(chunks, whole)
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for member in tar:
-                if expected is None:
-                    if member.name != MANIFEST or not member.isfile() or member.size > _CHUNK:
-                        raise BundleError("the first member must be manifest.json", member.name)
-                    expected = _parse_manifest(tar.extractfile(member).read())  # type: ignore[union-attr]
-                    continue
-                if not member.isfile() or not _safe_name(member.name):
-                    raise BundleError(
-                        f"{member.name} is not a plain file with a safe name", member.name
-                    )
-                want = expected.get(member.name)
-                if want is None:
-                    raise BundleError(f"{member.name} is not in the manifest", member.name)
-                digest, fh = hashlib.sha256(), tar.extractfile(member)
-                while chunk := fh.read(_CHUNK):  # type: ignore[union-attr]
-                    digest.update(chunk)
-                if member.size != want.size or digest.hexdigest() != want.sha256:
-                    raise BundleError(
-                        f"{member.name} does not match its manifest hash or size", member.name
-                    )
-                seen.append(want)
-    except tarfile.TarError as exc:
-        raise BundleError(f"not a readable tar archive: {exc}") from None
-    if expected is None:
-        raise BundleError("the bundle is empty", MANIFEST)
-    missing = sorted(set(expected) - {f.path for f in seen})
-    if missing:
-        raise BundleError(f"{missing[0]} is in the manifest but not in the bundle", missing[0])
-    reader.drain()
-    return VerifiedBundle(size=reader.size, sha256=reader.digest.hexdigest(), files=tuple(seen))
+        expected: dict[str, BundleFile] | None = None
+        seen: list[BundleFile] = []
+        for name, size, kind in _members(blocks):
+            if expected is None:
+                if name != MANIFEST or kind not in _FILE_TYPES or size > _CHUNK:
+                    raise BundleError("the first member must be manifest.json", name)
+                expected = _parse_manifest(blocks.read(size))
+                continue
+            if kind not in _FILE_TYPES or not _safe_name(name):
+                raise BundleError(f"{name} is not a plain file with a safe name", name)
+            want = expected.get(name)
+            if want is None:
+                raise BundleError(f"{name} is not in the manifest", name)
+            digest = hashlib.sha256()
+            for piece in blocks.pieces(size):
+                digest.update(piece)
+            if size != want.size or digest.hexdigest() != want.sha256:
+                raise BundleError(f"{name} does not match its manifest hash or size", name)
+            seen.append(want)
+        if expected is None:
+            raise BundleError("the bundle is empty", MANIFEST)
+        missing = sorted(set(expected) - {f.path for f in seen})
+        if missing:
+            raise BundleError(f"{missing[0]} is in the manifest but not in the bundle", missing[0])
+        blocks.drain()
+    finally:
+        sha256 = whole.finish()
+    return VerifiedBundle(size=blocks.size, sha256=sha256, files=tuple(seen))
