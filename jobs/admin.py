@@ -18,6 +18,7 @@ from jobs.models import (
     Project,
     ProjectMembership,
     ProviderCredential,
+    StorageDeletion,
     TrainingFile,
     TrainingJob,
 )
@@ -231,6 +232,21 @@ class ArtifactAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in Artifact._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(StorageDeletion)
+class StorageDeletionAdmin(admin.ModelAdmin):
+    """Objects of deleted jobs and files, purged by the retention sweep until their URLs expire."""
+
+    list_display = ("key", "reason", "created_at", "last_purged_at")
+    search_fields = ("key",)
+    readonly_fields = [f.name for f in StorageDeletion._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 

@@ -31,6 +31,7 @@ from jobs.storage.base import (
     ObjectMissing,
     StoredObject,
     TooLarge,
+    Transfer,
     check_sha256,
 )
 from jobs.storage.keys import (
@@ -184,15 +185,16 @@ def transfer_url(
             sha256 = check_sha256(sha256)
     elif max_bytes is not None or size is not None or sha256 is not None:
         raise ValueError("max_bytes, size and sha256 apply to PUT transfer URLs only")
-    return backend().transfer_url(
-        key,
-        method,
+    grant = Transfer(
+        key=key,
+        method=method,
         ttl_seconds=min(ttl_seconds, MAX_URL_TTL_SECONDS),
         max_bytes=max_bytes,
         size=size,
         sha256=sha256,
         public=public,
     )
+    return backend().transfer_url(grant)
 
 
 def download_response(request: HttpRequest, key: str, *, filename: str) -> HttpResponseBase:

@@ -42,6 +42,19 @@ class StoredObject:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """What one transfer URL allows: ``method`` on ``key`` alone, for ``ttl_seconds``."""
+
+    key: str
+    method: str  # GET or PUT
+    ttl_seconds: int
+    max_bytes: int | None = None  # PUT: the most it accepts
+    size: int | None = None  # PUT: exactly this many bytes, when known when issued
+    sha256: str | None = None  # PUT: exactly these bytes, when known when issued
+    public: bool = False  # for machines outside the operator's network
+
+
+@dataclass(frozen=True)
 class ObjectInfo:
     key: str
     size: int
@@ -78,17 +91,9 @@ class Backend(Protocol):
         """Every object whose key starts with ``prefix`` (a folder ending in '/')."""
         ...
 
-    def transfer_url(
-        self,
-        key: str,
-        method: str,
-        *,
-        ttl_seconds: int,
-        max_bytes: int | None,
-        size: int | None,
-        sha256: str | None,
-        public: bool,
-    ) -> str: ...
+    def transfer_url(self, transfer: Transfer) -> str:
+        """A URL that lets its holder do exactly what ``transfer`` says, and nothing else."""
+        ...
 
     def download_url(self, key: str, *, filename: str, ttl_seconds: int) -> str | None:
         """A URL clients are redirected to, or None when the web process serves the bytes."""

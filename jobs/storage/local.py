@@ -24,6 +24,7 @@ from jobs.storage.base import (
     ObjectMissing,
     StoredObject,
     TooLarge,
+    Transfer,
 )
 
 TEMP_PREFIX = ".upload-"
@@ -112,27 +113,9 @@ class LocalBackend:
                         modified=datetime.fromtimestamp(st.st_mtime, tz=UTC),
                     )
 
-    def transfer_url(
-        self,
-        key: str,
-        method: str,
-        *,
-        ttl_seconds: int,
-        max_bytes: int | None,
-        size: int | None,
-        sha256: str | None,
-        public: bool,
-    ) -> str:
-        self.path(key)  # refuse a bad key now, not when the URL is used
-        return transfer.sign(
-            key,
-            method,
-            ttl_seconds=ttl_seconds,
-            max_bytes=max_bytes,
-            size=size,
-            sha256=sha256,
-            public=public,
-        )
+    def transfer_url(self, grant: Transfer) -> str:
+        self.path(grant.key)  # refuse a bad key now, not when the URL is used
+        return transfer.sign(grant)
 
     def download_url(self, key: str, *, filename: str, ttl_seconds: int) -> str | None:
         return None  # the web process streams the file itself (jobs.storage.transfer.serve)

@@ -32,6 +32,7 @@ from jobs.storage.base import (
     ObjectMissing,
     StoredObject,
     TooLarge,
+    Transfer,
     sha256_b64,
 )
 
@@ -155,23 +156,16 @@ class S3Backend:
 
     # --- presigned URLs --------------------------------------------------------------------
 
-    def transfer_url(
-        self,
-        key: str,
-        method: str,
-        *,
-        ttl_seconds: int,
-        max_bytes: int | None,
-        size: int | None,
-        sha256: str | None,
-        public: bool,
-    ) -> str:
-        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if size is not None:
-            params["ContentLength"] = size  # signed: S3 refuses any other length
-        if sha256 is not None:
-            params["ChecksumSHA256"] = sha256_b64(sha256)  # signed: S3 refuses other bytes
-        return self._presign("get_object" if method == "GET" else "put_object", params, ttl_seconds)
+    def transfer_url(self, transfer: Transfer) -> str:
+        # S3 is reachable from anywhere, so ``public`` changes nothing; a PUT's cap is S3's own
+        # 5 GiB single-request limit.
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": transfer.key}
+        if transfer.size is not None:
+            params["ContentLength"] = transfer.size  # signed: S3 refuses any other length
+        if transfer.sha256 is not None:
+            params["ChecksumSHA256"] = sha256_b64(transfer.sha256)  # signed: and other bytes
+        operation = "get_object" if transfer.method == "GET" else "put_object"
+        return self._presign(operation, params, transfer.ttl_seconds)
 
     def download_url(self, key: str, *, filename: str, ttl_seconds: int) -> str | None:
         params = {

@@ -31,37 +31,30 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from jobs.api.errors import error_body
-from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge, check_sha256
+from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge, Transfer
 
 SALT = "trainhub.transfer"
 METHODS = ("GET", "PUT")
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
 
 
-def sign(
-    key: str,
-    method: str,
-    *,
-    ttl_seconds: int,
-    max_bytes: int | None = None,
-    size: int | None = None,
-    sha256: str | None = None,
-    public: bool = False,
-) -> str:
-    """An absolute URL that allows ``method`` on ``key`` for ``ttl_seconds`` from now.
-
-    Arguments are checked by ``jobs.storage.transfer_url``. ``public``: for workers outside
-    the operator's network (TRAINHUB_PUBLIC_URL), else for GPU nodes (TRAINHUB_CONTROL_URL).
-    """
-    payload: dict[str, Any] = {"key": key, "method": method, "exp": int(time.time()) + ttl_seconds}
-    if method == "PUT":
-        payload["max_bytes"] = size if size is not None else max_bytes
-        if size is not None:
-            payload["size"] = size
-        if sha256 is not None:
-            payload["sha256"] = check_sha256(sha256)
+def sign(grant: Transfer) -> str:
+    """An absolute URL on this control plane that allows what ``grant`` says (checked by
+    ``jobs.storage.transfer_url``): on TRAINHUB_PUBLIC_URL for machines outside the
+    operator's network, else on TRAINHUB_CONTROL_URL (GPU nodes)."""
+    payload: dict[str, Any] = {
+        "key": grant.key,
+        "method": grant.method,
+        "exp": int(time.time()) + grant.ttl_seconds,
+    }
+    if grant.method == "PUT":
+        payload["max_bytes"] = grant.size if grant.size is not None else grant.max_bytes
+        if grant.size is not None:
+            payload["size"] = grant.size
+        if grant.sha256 is not None:
+            payload["sha256"] = grant.sha256
     token = signing.dumps(payload, salt=SALT, compress=True)
-    base = settings.TRAINHUB_PUBLIC_URL if public else settings.TRAINHUB_CONTROL_URL
+    base = settings.TRAINHUB_PUBLIC_URL if grant.public else settings.TRAINHUB_CONTROL_URL
     # In the query string, like an S3 presigned URL's credentials: the executor's messages
     # strip query strings (gpu_worker.transfer.redact/scrub), so the token never reaches a log.
     return f"{base.rstrip('/')}/transfer/?{urlencode({'t': token})}"

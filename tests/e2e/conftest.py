@@ -87,8 +87,14 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def control_worker_env() -> dict[str, str]:
+    """Extra environment for the module's control worker (a module overrides it: S3 storage)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
 def control_worker(
-    django_db_setup, django_db_blocker, live_server, shared_dir
+    django_db_setup, django_db_blocker, live_server, shared_dir, control_worker_env
 ) -> Iterator[Process]:
     """The control plane's worker (queue ``default``) on the test database."""
     if connection.vendor != "postgresql":
@@ -109,6 +115,7 @@ def control_worker(
         "TRAINHUB_LOG_LEVEL": "INFO",
         # Transfer URLs are signed by the worker and checked by the web side: one key.
         "DJANGO_SECRET_KEY": settings.SECRET_KEY,
+        **control_worker_env,
     }
     worker = Process(
         "control-worker",

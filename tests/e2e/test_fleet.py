@@ -18,7 +18,7 @@ from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
 from jobs.services.attempts import attempts_expire_leases
 from jobs.services.nodes import node_create
 from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, wait_for
-from tests.jobs._api import upload
+from tests.jobs._api import download, upload
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -79,17 +79,26 @@ def test_a_job_runs_on_an_idle_node_and_its_adapter_is_verified(
     assert registered.celery_hostname.startswith("node-a@")
 
     job_id = _submit(api, tiny_model_dir, demo_dataset)
+    assert_trains_to_a_verified_adapter(
+        api, job_id, "node-a", tiny_model_dir, tmp_path, node, plane
+    )
+
+
+def assert_trains_to_a_verified_adapter(
+    api: Any, job_id: str, node_name: str, model: Path, tmp_path: Path, *procs: Process
+) -> None:
+    """The job succeeds on ``node_name``; its stored adapter downloads (following a redirect to
+    S3 if storage is there), re-verifies and reloads; the node is idle again."""
     wait_for(
         "the job to succeed",
         lambda: _status_is(job_id, "succeeded", "failed", "cancelled"),
         TRAIN_TIMEOUT,
-        node,
-        plane,
+        *procs,
     )
     job = _job(job_id)
     assert job.status == "succeeded", (job.error_code, job.error_message)
     attempt = JobAttempt.objects.get(job=job)
-    assert (attempt.node_name, attempt.end_reason) == ("node-a", "succeeded")
+    assert (attempt.node_name, attempt.end_reason) == (node_name, "succeeded")
     assert attempt.claimed_at is not None and attempt.started_at is not None
     statuses = [
         e.data["status"] for e in _events(job_id, "status") if e.attempt == 0 and "status" in e.data
@@ -102,17 +111,17 @@ def test_a_job_runs_on_an_idle_node_and_its_adapter_is_verified(
     # The stored adapter is the executor's bundle, verified; it downloads and reloads.
     listed = api.get(f"/api/v1/jobs/{job_id}/artifacts/").json()["data"]
     assert len(listed) == 1 and listed[0]["sha256"]
-    response = api.get(f"/api/v1/artifacts/{listed[0]['id']}/download/")
-    body = b"".join(response.streaming_content)
-    assert response["X-Checksum-SHA256"] == listed[0]["sha256"]
-    assert verify_bundle([body]).sha256 == listed[0]["sha256"]
-    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+    got = download(api, listed[0]["id"])
+    assert got.status == 200
+    assert got.sha256_header == listed[0]["sha256"]
+    assert verify_bundle([got.body]).sha256 == listed[0]["sha256"]
+    with tarfile.open(fileobj=io.BytesIO(got.body)) as tar:
         tar.extractall(tmp_path / "adapter", filter="data")
-    _assert_reloads(tiny_model_dir, tmp_path / "adapter")
+    _assert_reloads(model, tmp_path / "adapter")
 
     # The node is free again and said nothing it was not asked.
-    wait_for("node-a to be idle", lambda: _node_status("node-a") == "idle", 20, node)
-    assert GpuNode.objects.get(name="node-a").current_attempt is None
+    wait_for(f"{node_name} to be idle", lambda: _node_status(node_name) == "idle", 20, *procs)
+    assert GpuNode.objects.get(name=node_name).current_attempt is None
 
 
 def _assert_reloads(base: Path, adapter_dir: Path) -> None:

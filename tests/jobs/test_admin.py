@@ -150,8 +150,18 @@ def test_revoke_action(admin_client, objects) -> None:
 
 
 def test_no_add_pages_for_api_owned_objects(admin_client, db) -> None:
-    for model in ("trainingjob", "trainingfile", "artifact", "apikey", "providercredential"):
+    models = ("trainingjob", "trainingfile", "artifact", "apikey", "providercredential",
+              "storagedeletion")  # fmt: skip
+    for model in models:
         assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
+
+
+def test_pending_storage_deletions_are_listed(admin_client, db) -> None:
+    from jobs.models import StorageDeletion
+
+    row = StorageDeletion.objects.create(key="projects/1/jobs/ftjob-gone/", reason="job deleted")
+    assert "projects/1/jobs/ftjob-gone/" in _page(admin_client, "/admin/jobs/storagedeletion/")
+    _page(admin_client, f"/admin/jobs/storagedeletion/{row.pk}/change/")
 
 
 def test_non_staff_is_sent_to_login(user, objects) -> None:

@@ -15,6 +15,7 @@ from jobs import storage
 from jobs.models import Artifact
 
 WEIGHTS = bytes(range(256)) * 400
+pytestmark = pytest.mark.usefixtures("storage_backend")
 
 
 @pytest.fixture
