@@ -1,0 +1,66 @@
+"""The one error family every provider adapter raises; callers never see ``requests`` errors.
+
+The control plane decides from the class alone: retry later (RateLimited, Transient), try
+another offer (NoCapacity), stop and tell the user (InvalidCredentials, Permanent), treat as
+done (InstanceNotFound on cancel), or wait (NotYetTerminated).
+"""
+
+from __future__ import annotations
+
+
+class ProviderError(Exception):
+    """A provider call failed. ``message`` is safe to show and log: no key, no signed URL."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, provider: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status = status
+
+
+class InvalidCredentials(ProviderError):
+    """401, or 403: the key is wrong, revoked or lacks the scope the call needs."""
+
+
+class NoCapacity(ProviderError):
+    """No machine of the asked kind is available now; another offer or a later try may work."""
+
+    retryable = True
+
+
+class RateLimited(ProviderError):
+    """The provider (or our own limiter) refused the call for now."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.retry_after = retry_after
+
+
+class TransientProviderError(ProviderError):
+    """5xx, a timeout or a dropped connection. ``maybe_applied``: the request may have taken
+    effect before it failed (a launch that timed out may have started a paid machine), so the
+    caller must look before doing it again."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, maybe_applied: bool = False, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.maybe_applied = maybe_applied
+
+
+class PermanentProviderError(ProviderError):
+    """A 4xx the same request will get again (a bad payload, an unknown GPU type, no balance)."""
+
+
+class InstanceNotFound(PermanentProviderError):
+    """The provider does not know the instance or job (404): for ``cancel``, that is success."""
+
+
+class NotYetTerminated(ProviderError):
+    """A termination was accepted but has not finished; poll again."""
+
+    retryable = True

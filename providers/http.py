@@ -1,0 +1,216 @@
+"""HTTP for provider adapters: ``requests`` directly, the API key passed per call (never a
+process-global like the runpod SDK's), a timeout on every call, and our own retries.
+
+- 429 is retried after ``Retry-After`` (seconds or an HTTP date), else with exponential backoff
+  and jitter; a wait longer than the policy allows fails at once as RateLimited, so a Celery
+  task can reschedule instead of sleeping.
+- 5xx, timeouts and dropped connections are retried only for idempotent calls. A call that
+  spends money (a launch) is retried only when the provider surely did not act on it (a 429, a
+  connection that never opened); anything else raises TransientProviderError with
+  ``maybe_applied=True``, and the adapter looks before it launches again.
+- Other 4xx are never retried. Failures become the provider error family with a message built
+  from the body (RFC 9457 ``title``/``detail``, ``message``, ``error``/``msg``, or the text of an
+  HTML page), the method and the path: no key, no query string (some providers take the key
+  there).
+- An optional shared RateLimiter is asked before every attempt.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import requests
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
+
+from providers.errors import (
+    InstanceNotFound,
+    InvalidCredentials,
+    PermanentProviderError,
+    ProviderError,
+    RateLimited,
+    TransientProviderError,
+)
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+_TAG = re.compile(r"<[^>]+>")
+_SPACE = re.compile(r"\s+")
+
+
+class Limiter(Protocol):
+    def acquire(self, bucket: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5
+    backoff_seconds: float = 0.5  # the first delay; doubles, with jitter
+    backoff_max_seconds: float = 30.0
+    retry_after_max_seconds: float = 60.0  # a longer Retry-After is returned to the caller
+
+
+class ProviderHTTP:
+    """One provider's HTTP API at ``base_url`` (a setting: proxies, regions, tests)."""
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        base_url: str,
+        timeout: tuple[float, float] = (5.0, 30.0),  # connect, read
+        retry: RetryPolicy = RetryPolicy(),
+        limiter: Limiter | None = None,
+        auth_headers: Callable[[str], Mapping[str, str]] = lambda key: {
+            "Authorization": f"Bearer {key}"
+        },
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.provider = provider
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retry = retry
+        self.limiter = limiter
+        self._auth_headers = auth_headers
+        self._sleep = sleep
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str,
+        json: object = None,
+        params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
+        bucket: str = "default",
+    ) -> Any:
+        """The decoded JSON body (None when empty). Raises a ProviderError subclass."""
+        method = method.upper()
+        safe = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
+        what = f"{self.provider} {method} {path}"
+        headers = {"Accept": "application/json", **self._auth_headers(key)}
+        for attempt in range(1, self.retry.attempts + 1):
+            if self.limiter is not None:
+                self.limiter.acquire(bucket)
+            try:
+                response = requests.request(
+                    method,
+                    self.base_url + path,
+                    headers=headers,
+                    json=json,
+                    params=params,
+                    timeout=self.timeout,
+                )
+            except requests.RequestException as exc:
+                lost = _connection_failure(exc, what)
+                if lost.maybe_applied and not safe:
+                    raise lost from None
+                failure: ProviderError = lost
+            else:
+                if response.ok:
+                    return response.json() if response.content.strip() else None
+                failure = self._failure(response, what)
+                if isinstance(failure, TransientProviderError) and not safe:
+                    failure.maybe_applied = True  # a 5xx after the provider may have acted
+                    raise failure
+                if not failure.retryable:
+                    raise failure
+            if attempt == self.retry.attempts:
+                raise failure
+            self._sleep(self._delay(attempt, failure))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _delay(self, attempt: int, failure: ProviderError) -> float:
+        retry_after = getattr(failure, "retry_after", None)
+        if retry_after is not None:
+            if retry_after > self.retry.retry_after_max_seconds:
+                raise failure
+            return retry_after + random.uniform(0, 0.1 * retry_after + 0.05)  # noqa: S311
+        backoff = min(
+            self.retry.backoff_max_seconds, self.retry.backoff_seconds * 2 ** (attempt - 1)
+        )
+        return backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not crypto
+
+    def _failure(self, response: requests.Response, what: str) -> ProviderError:
+        status = response.status_code
+        message = f"{what} returned HTTP {status}"
+        detail = describe_body(response)
+        if detail:
+            message += f": {detail}"
+        kwargs: dict[str, Any] = {"provider": self.provider, "status": status}
+        if status in (401, 403):
+            return InvalidCredentials(message, **kwargs)
+        if status in (404, 410):
+            return InstanceNotFound(message, **kwargs)
+        if status == 429:
+            return RateLimited(message, retry_after=parse_retry_after(response), **kwargs)
+        if status >= 500:
+            return TransientProviderError(message, **kwargs)
+        return PermanentProviderError(message, **kwargs)
+
+
+def _connection_failure(exc: requests.RequestException, what: str) -> TransientProviderError:
+    """A request that got no HTTP answer. It reached the provider unless the connection never
+    opened (refused, unresolvable, connect timeout)."""
+    reason = exc.args[0] if exc.args else None
+    reason = getattr(reason, "reason", reason)
+    never_sent = isinstance(exc, requests.ConnectTimeout) or isinstance(
+        reason, NewConnectionError | ConnectTimeoutError
+    )
+    kind = type(exc).__name__
+    return TransientProviderError(
+        f"{what} failed: {kind} ({'no connection' if never_sent else 'no answer'})",
+        maybe_applied=not never_sent,
+    )
+
+
+def describe_body(response: requests.Response, limit: int = 300) -> str:
+    """What the provider said, whatever its error shape; '' for an empty body."""
+    try:
+        body = response.json()
+    except ValueError:
+        text = _SPACE.sub(" ", _TAG.sub(" ", response.text)).strip()
+        return text[:limit]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):  # {"error": {"message": …}}
+            body = {**body, **error}
+        parts = [
+            str(body[k])
+            for k in ("title", "code", "detail", "message", "msg")
+            if isinstance(body.get(k), str | int) and body.get(k) != ""
+        ]
+        if isinstance(error, str) and error:
+            parts.insert(0, error)
+        errors = body.get("errors")
+        if isinstance(errors, list) and errors:
+            first = errors[0]
+            parts.append(
+                str(first.get("detail") or first.get("message") or first)
+                if isinstance(first, dict)
+                else str(first)
+            )
+        return "; ".join(dict.fromkeys(parts))[:limit] or str(body)[:limit]
+    return str(body)[:limit]
+
+
+def parse_retry_after(response: requests.Response) -> float | None:
+    """``Retry-After`` as seconds from now: an integer, or an HTTP date (RFC 9110)."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
