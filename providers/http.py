@@ -121,16 +121,19 @@ class ProviderHTTP:
                     raise failure
                 if not failure.retryable:
                     raise failure
-            if attempt == self.retry.attempts:
+            if attempt == self.retry.attempts or self._wait_too_long(failure):
                 raise failure
             self._sleep(self._delay(attempt, failure))
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _wait_too_long(self, failure: ProviderError) -> bool:
+        """A Retry-After past the policy goes back to the caller (a task reschedules itself)."""
+        retry_after = getattr(failure, "retry_after", None)
+        return retry_after is not None and retry_after > self.retry.retry_after_max_seconds
+
     def _delay(self, attempt: int, failure: ProviderError) -> float:
         retry_after = getattr(failure, "retry_after", None)
         if retry_after is not None:
-            if retry_after > self.retry.retry_after_max_seconds:
-                raise failure
             return retry_after + random.uniform(0, 0.1 * retry_after + 0.05)  # noqa: S311
         backoff = min(
             self.retry.backoff_max_seconds, self.retry.backoff_seconds * 2 ** (attempt - 1)

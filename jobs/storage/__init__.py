@@ -37,9 +37,7 @@ from jobs.storage.base import (
 from jobs.storage.keys import (
     bundle_key,
     checkpoint_key,
-    files_prefix,
     job_prefix,
-    jobs_prefix,
     project_prefix,
     training_file_key,
 )
@@ -62,9 +60,7 @@ __all__ = [
     "delete_prefix",
     "download_response",
     "exists",
-    "files_prefix",
     "job_prefix",
-    "jobs_prefix",
     "list_objects",
     "project_prefix",
     "reachable_from_cloud",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -111,7 +110,3 @@ def check_sha256(value: str) -> str:
 def sha256_b64(hex_digest: str) -> str:
     """The base64 form S3 uses in ``x-amz-checksum-sha256``."""
     return base64.b64encode(bytes.fromhex(hex_digest)).decode()
-
-
-def md5_b64(data_md5: hashlib._Hash) -> str:
-    return base64.b64encode(data_md5.digest()).decode()
