@@ -17,6 +17,9 @@ SUBMIT_ATTEMPT = "trainhub.submit_attempt"
 POLL_ACTIVE_ATTEMPTS = "trainhub.poll_active_attempts"
 POLL_TARGET = "trainhub.poll_target"
 CANCEL_JOB = "trainhub.cancel_job"
+PROVISION_ATTEMPT = "trainhub.provision_attempt"
+POLL_ATTEMPT = "trainhub.poll_attempt"
+RECONCILE_PROVIDERS = "trainhub.reconcile_providers"
 INGEST_ARTIFACT = "trainhub.ingest_artifact"
 EXPIRE_LEASES = "trainhub.expire_leases"
 RECORD_EVENTS = "trainhub.record_events"
@@ -36,6 +39,7 @@ EXPIRE_LEASES_INTERVAL_SECONDS = 30
 FLEET_TICK_INTERVAL_SECONDS = 10
 NODE_HEARTBEAT_SECONDS = 30
 STORAGE_SWEEP_INTERVAL_SECONDS = 3600
+RECONCILE_INTERVAL_SECONDS = 180
 
 # The longest job trainhub accepts (mirrors spec.MAX_RUNTIME_LIMIT_SECONDS). Redis redelivers an
 # unacked message after visibility_timeout, so it must exceed any training run; the database

@@ -8,7 +8,7 @@ from celery import shared_task
 
 from gpu_worker import celery_conf as cc
 from jobs.locks import try_lock
-from jobs.services import artifacts, attempts, dispatch, files, nodes, retention
+from jobs.services import artifacts, attempts, cloud, dispatch, files, nodes, retention
 from providers import registry
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,25 @@ def validate_file(file_pk: int) -> None:
 
 @shared_task(name=cc.SUBMIT_ATTEMPT, ignore_result=True)
 def submit_attempt(job_pk: int) -> None:
-    attempts.attempt_launch(job_pk=job_pk)
+    cloud.attempt_launch(job_pk=job_pk)
+
+
+@shared_task(name=cc.PROVISION_ATTEMPT, ignore_result=True)
+def provision_attempt(attempt_pk: int, try_number: int = 0) -> None:
+    cloud.attempt_provision(attempt_pk=attempt_pk, try_number=try_number)
+
+
+@shared_task(name=cc.POLL_ATTEMPT, ignore_result=True)
+def poll_attempt(attempt_pk: int) -> None:
+    cloud.attempt_poll(attempt_pk=attempt_pk)
+
+
+@shared_task(name=cc.RECONCILE_PROVIDERS, ignore_result=True)
+def reconcile_providers() -> None:
+    with try_lock("reconcile", ttl_seconds=cc.RECONCILE_INTERVAL_SECONDS * 2) as acquired:
+        if acquired:
+            terminated = cloud.providers_reconcile()
+            log.info("reconciler: %d orphaned machine(s) terminated", terminated)
 
 
 @shared_task(name=cc.POLL_ACTIVE_ATTEMPTS, ignore_result=True)
@@ -37,14 +55,14 @@ def poll_target(target: str) -> None:
     # One poller per target across all workers: overlapping cycles would double API calls.
     with try_lock(f"poll:{target}", ttl_seconds=cc.POLL_INTERVAL_SECONDS * 6) as acquired:
         if acquired:
-            attempts.attempts_poll_target(target=target)
+            cloud.attempts_poll_target(target=target)
         else:
             log.info("poll of %s skipped: previous cycle still running", target)
 
 
 @shared_task(name=cc.CANCEL_JOB, ignore_result=True)
 def cancel_job(job_pk: int) -> None:
-    attempts.attempts_stop(job_pk=job_pk)
+    cloud.attempts_stop(job_pk=job_pk)
 
 
 @shared_task(name=cc.INGEST_ARTIFACT, ignore_result=True)

@@ -6,7 +6,7 @@ Adapters take and return the frozen dataclasses below, never raw provider payloa
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,12 +21,24 @@ class RemoteStatus(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class SshAddress:
+    """Where a VM-style machine accepts SSH (the executor is driven over it)."""
+
+    host: str
+    port: int
+    username: str = "root"
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     job_id: str
     attempt: int
     name: str  # trainhub-<job>-a<attempt>: how the reconciler recognises our machines
     max_runtime_seconds: int
-    spec: dict[str, object] = field(default_factory=dict)
+    spec: dict[str, object] = field(default_factory=dict)  # handler-style providers run it
+    gpu: Mapping[str, object] = field(default_factory=dict)  # the job's {count, min_vram_gb, name}
+    ssh_public_key: str = ""  # VM-style providers: the key the machine must accept
+    webhook_url: str = ""  # where the provider may report completion ('' = poll only)
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,7 @@ class RemoteState:
     message: str = ""
     error_code: str = ""  # an EndReason value when status is FAILED
     events: tuple[dict[str, object], ...] = ()
+    ssh: SshAddress | None = None  # VM-style machines, once they accept SSH
 
 
 class ProviderAdapter(Protocol):
@@ -51,9 +64,13 @@ class ProviderAdapter(Protocol):
     def launch(self, request: LaunchRequest) -> Handle: ...
 
     def poll(self, handles: Sequence[Handle]) -> dict[str, RemoteState]:
-        """States keyed by ``Handle.instance_id``; batched where the provider can list."""
+        """States keyed by ``Handle.instance_id``; batched where the provider can list. A
+        machine the provider no longer knows is LOST; a handle left out is unknown this cycle
+        (its call failed) and is asked about again next cycle."""
         ...
 
     def cancel(self, handle: Handle) -> None: ...
 
-    def list_instances(self) -> list[Handle]: ...
+    def list_instances(self) -> list[Handle]:
+        """Every machine of ours the account still has (names start with ``trainhub-``)."""
+        ...

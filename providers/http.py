@@ -20,6 +20,7 @@ from __future__ import annotations
 import email.utils
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -78,6 +79,16 @@ class ProviderHTTP:
         self.limiter = limiter
         self._auth_headers = auth_headers
         self._sleep = sleep
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        """One keep-alive session per thread: a poll cycle makes thousands of calls, and a
+        fresh connection for each would cost more CPU than the call (Session is not
+        thread-safe, so pollers running calls in parallel each get their own)."""
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+        return session
 
     def call(
         self,
@@ -99,7 +110,7 @@ class ProviderHTTP:
             if self.limiter is not None:
                 self.limiter.acquire(bucket)
             try:
-                response = requests.request(
+                response = self._session().request(
                     method,
                     self.base_url + path,
                     headers=headers,

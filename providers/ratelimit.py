@@ -75,3 +75,10 @@ class RateLimiter:
                 )
             self._sleep(wait_ms / 1000)
             waited += wait_ms / 1000
+
+
+def shared_limiter(provider: str, limits: Mapping[str, tuple[int, float]]) -> RateLimiter:
+    """The limiter every process of this installation shares (the lock Redis)."""
+    from jobs.locks import redis_client  # lazy: the control plane's Redis settings
+
+    return RateLimiter(redis_client(), provider=provider, limits=limits)

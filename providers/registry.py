@@ -20,6 +20,12 @@ class Target:
     description: str
     credential_kind: str | None = None  # None: needs no provider credential
     adapter_factory: Callable[[dict[str, str]], ProviderAdapter] | None = None
+    # The machine is a VM: the control plane starts and watches the executor over SSH.
+    ssh_executor: bool = False
+    # Attempts polled per cycle at most (one status call each where the API cannot list).
+    poll_batch: int = 10_000
+    # Why the target cannot be used as configured ('' when it can), checked at submit.
+    misconfiguration: Callable[[], str] = lambda: ""
 
 
 # Secret fields each credential kind stores (validated on create; values never returned).
@@ -29,8 +35,48 @@ CREDENTIAL_KINDS: dict[str, tuple[str, ...]] = {
     "vastai": ("api_key",),
 }
 
+
+def _runpod_serverless(secrets: dict[str, str]) -> ProviderAdapter:
+    from providers import runpod_serverless
+
+    return runpod_serverless.from_settings(secrets)
+
+
+def _runpod_pod(secrets: dict[str, str]) -> ProviderAdapter:
+    from providers import runpod_pod
+
+    return runpod_pod.from_settings(secrets)
+
+
+def _needs_setting(name: str) -> Callable[[], str]:
+    def check() -> str:
+        from django.conf import settings
+
+        return "" if getattr(settings, name, "") else f"the operator has not set {name}"
+
+    return check
+
+
 _TARGETS: dict[str, Target] = {
     "local": Target("local", "The operator's own GPU nodes (Celery queue per node)."),
+    "runpod-serverless": Target(
+        "runpod-serverless",
+        "RunPod serverless: one job per attempt on the operator's endpoint.",
+        credential_kind="runpod",
+        adapter_factory=_runpod_serverless,
+        # 10 s of the status budget (1,800 calls per 10 s), one call per attempt.
+        poll_batch=1800,
+        misconfiguration=_needs_setting("RUNPOD_ENDPOINT_ID"),
+    ),
+    "runpod-pod": Target(
+        "runpod-pod",
+        "RunPod pods (REST v2), the executor driven over SSH.",
+        credential_kind="runpod",
+        adapter_factory=_runpod_pod,
+        ssh_executor=True,
+        # One list call covers every pod; each running one costs an SSH round trip.
+        poll_batch=200,
+    ),
 }
 
 

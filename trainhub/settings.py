@@ -129,6 +129,37 @@ TRAINHUB_CONTROL_URL = env.str("TRAINHUB_CONTROL_URL", default="") or (
     TRAINHUB_PUBLIC_URL or "http://127.0.0.1:8000"
 )
 
+# --- Cloud providers --------------------------------------------------------------------------
+# Every base URL is a setting (proxies, regional endpoints, tests). API keys come from the
+# project's credentials, or RUNPOD_API_KEY & co. for projects allowed operator credentials.
+RUNPOD_SERVERLESS_URL = env.str("RUNPOD_SERVERLESS_URL", default="https://api.runpod.ai/v2")
+RUNPOD_REST_URL = env.str("RUNPOD_REST_URL", default="https://api.runpod.io/v2")
+# The operator's serverless endpoint running docker/Dockerfile.runpod-serverless.
+RUNPOD_ENDPOINT_ID = env.str("RUNPOD_ENDPOINT_ID", default="")
+# Pods: an image with Python, the executor's requirements and sshd that honours PUBLIC_KEY.
+RUNPOD_POD_IMAGE = env.str("RUNPOD_POD_IMAGE", default="runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04")
+# GPU types tried in order (the first with capacity wins), as "RunPod gpu id=VRAM GB".
+RUNPOD_POD_GPU_TYPES = env.list(
+    "RUNPOD_POD_GPU_TYPES",
+    default=[
+        "NVIDIA H100 80GB HBM3=80",
+        "NVIDIA A100 80GB PCIe=80",
+        "NVIDIA L40S=48",
+        "NVIDIA RTX A6000=48",
+        "NVIDIA GeForce RTX 4090=24",
+    ],
+)
+RUNPOD_POD_CLOUD = env.str("RUNPOD_POD_CLOUD", default="SECURE")
+RUNPOD_POD_CUDA_VERSIONS = env.list("RUNPOD_POD_CUDA_VERSIONS", default=["12.8", "12.9", "13.0"])
+RUNPOD_POD_DISK_GB = env.int("RUNPOD_POD_DISK_GB", default=80)
+# A pod not accepting SSH this long after launch is terminated (image pull, CUDA mismatch).
+TRAINHUB_MACHINE_READY_TIMEOUT_SECONDS = env.int(
+    "TRAINHUB_MACHINE_READY_TIMEOUT_SECONDS", default=20 * 60
+)
+# The interpreter that runs `python -m gpu_worker` on rented VMs, and where attempts live there.
+TRAINHUB_REMOTE_PYTHON = env.str("TRAINHUB_REMOTE_PYTHON", default="python3")
+TRAINHUB_REMOTE_DIR = env.str("TRAINHUB_REMOTE_DIR", default="/root/trainhub")
+
 # --- GPU nodes ------------------------------------------------------------------------------
 # A node without a heartbeat for this long is offline (it heartbeats every 30 s).
 TRAINHUB_NODE_OFFLINE_SECONDS = env.int("TRAINHUB_NODE_OFFLINE_SECONDS", default=120)
@@ -153,6 +184,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": celery_conf.FLEET_TICK,
         "schedule": celery_conf.FLEET_TICK_INTERVAL_SECONDS,
         "options": {"expires": celery_conf.FLEET_TICK_INTERVAL_SECONDS},
+    },
+    "reconcile-providers": {
+        "task": celery_conf.RECONCILE_PROVIDERS,
+        "schedule": celery_conf.RECONCILE_INTERVAL_SECONDS,
+        "options": {"expires": celery_conf.RECONCILE_INTERVAL_SECONDS},
     },
     "storage-sweep": {
         "task": celery_conf.STORAGE_SWEEP,

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import node_views, views
+from jobs.api import node_views, views, webhook_views
 
 urlpatterns = [
     path("files/", views.FileListView.as_view()),
@@ -14,6 +14,11 @@ urlpatterns = [
     path("artifacts/<str:artifact_id>/download/", views.ArtifactDownloadView.as_view()),
     path("credentials/", views.CredentialListView.as_view()),
     path("credentials/<str:credential_id>/", views.CredentialDetailView.as_view()),
+    path(
+        "webhooks/provider/<str:token>/",
+        webhook_views.ProviderWebhookView.as_view(),
+        name="provider-webhook",
+    ),
     path("nodes/", node_views.NodeListView.as_view()),
     path("node-claims/", node_views.NodeClaimView.as_view(), name="node-claim"),
     path("nodes/<str:name>/", node_views.NodeDetailView.as_view()),

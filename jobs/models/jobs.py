@@ -89,7 +89,19 @@ class JobAttempt(models.Model):
     node_name = models.CharField(max_length=200, blank=True)
     ssh_host = models.CharField(max_length=255, blank=True)
     ssh_port = models.PositiveIntegerField(null=True, blank=True)
-    ssh_host_key = models.TextField(blank=True)
+    ssh_host_key = models.TextField(blank=True, help_text="Trusted on first use, then required.")
+    # Encrypted (jobs.crypto); this attempt's own key pair, so no key outlives its machine.
+    ssh_private_key_ciphertext = models.TextField(blank=True, editable=False)
+    events_offset = models.BigIntegerField(
+        default=0, help_text="Bytes of the remote events file already read (SSH executors)."
+    )
+    next_poll_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    launch_unconfirmed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A launch call failed after it may have reached the provider.",
+    )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -116,7 +128,12 @@ class JobAttempt(models.Model):
                 fields=["lease_expires_at"],
                 condition=models.Q(ended_at__isnull=True),
                 name="attempt_live_lease",
-            )
+            ),
+            models.Index(
+                fields=["target", "next_poll_at"],
+                condition=models.Q(ended_at__isnull=True),
+                name="attempt_live_poll",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,4 +1,4 @@
-"""Attempts: start, leases, executor reports, provider launch/poll/stop, and their end.
+"""Attempts: start, leases, executor reports, and their end (cloud ones: services.cloud).
 
 An attempt ends exactly once (conditional UPDATE on ``ended_at IS NULL``); how it ended
 decides where the job goes: back to the queue while attempts remain, failed, or cancelled.
@@ -13,7 +13,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from gpu_worker import celery_conf
@@ -21,9 +20,7 @@ from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services.events import clean_executor_event, event_append, events_store
 from jobs.services.jobs import job_transition
-from jobs.states import TERMINAL, EndReason, JobStatus
-from providers import registry
-from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus
+from jobs.states import EndReason, JobStatus
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -137,33 +134,6 @@ def _send_stop(job_pk: int) -> None:
     app.send_task(celery_conf.CANCEL_JOB, args=[job_pk])
 
 
-def attempts_stop(*, job_pk: int) -> None:
-    """Terminate the job's cloud machines, whatever the outcome (cancel is idempotent, and a
-    finished attempt's machine must stop billing too). Local attempts stop through the node.
-
-    The live attempt is stopped only once the job is cancelling or over: while the job runs,
-    it is a newer attempt than the lost one whose end sent this stop."""
-    status = TrainingJob.objects.filter(pk=job_pk).values_list("status", flat=True).first()
-    attempts = (
-        JobAttempt.objects.select_related("job")
-        .filter(job_id=job_pk)
-        .exclude(provider_instance_id="")
-    )
-    for attempt in attempts:
-        if attempt.ended_at is None and status not in (S.CANCELLING, *TERMINAL):
-            continue
-        adapter = _adapter(attempt.target)
-        if adapter is None:
-            continue
-        adapter.cancel(
-            Handle(instance_id=attempt.provider_instance_id, name=_machine_name(attempt))
-        )
-        if attempt.ended_at is None:
-            attempt_end(
-                attempt=attempt, reason=EndReason.CANCELLED, message="stopped at the provider"
-            )
-
-
 def attempt_renew_lease(*, attempt: JobAttempt) -> None:
     JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
         lease_expires_at=_lease_deadline()
@@ -227,13 +197,13 @@ def attempt_record_events(
     attempt_renew_lease(attempt=attempt)
     for event in stored:
         if event.type == "status":
-            _apply_reported_status(attempt, event.data.get("status"), event.data, event.message)
+            apply_reported_status(attempt, event.data.get("status"), event.data, event.message)
         elif event.type == "error":
-            _apply_reported_status(attempt, "failed", event.data, event.message)
+            apply_reported_status(attempt, "failed", event.data, event.message)
     return len(stored)
 
 
-def _apply_reported_status(attempt: JobAttempt, status: object, data: dict, message: str) -> None:
+def apply_reported_status(attempt: JobAttempt, status: object, data: dict, message: str) -> None:
     job = TrainingJob.objects.get(pk=attempt.job_id)
     if status == "running" and job.status == S.PROVISIONING:
         JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
@@ -252,100 +222,3 @@ def _apply_reported_status(attempt: JobAttempt, status: object, data: dict, mess
         attempt_end(attempt=attempt, reason=reason, message=message)
     elif status in _REPORTED_END:
         attempt_end(attempt=attempt, reason=_REPORTED_END[status], message=message)
-
-
-# --- cloud providers --------------------------------------------------------------------------
-
-
-def _adapter(target: str) -> Any:
-    entry = registry.get(target)
-    if entry is None or entry.adapter_factory is None:
-        return None
-    return entry.adapter_factory({})
-
-
-def _machine_name(attempt: JobAttempt) -> str:
-    return f"trainhub-{attempt.job.public_id}-a{attempt.number}"
-
-
-def attempt_launch(*, job_pk: int) -> JobAttempt | None:
-    """Start an attempt for a queued cloud job and ask its provider for a machine.
-
-    The attempt row (and later its instance id) is committed before and right after the
-    provider call, so a crash in between leaves a record the reconciler can act on.
-    """
-    job = TrainingJob.objects.get(pk=job_pk)
-    adapter = _adapter(job.target)
-    if adapter is None or job.status != S.QUEUED:
-        return None
-    try:
-        attempt = attempt_start(job=job, target=job.target)
-    except InvalidTransition as exc:  # cancelled, or launched by a duplicate delivery meanwhile
-        log.info("not launching %s: %s", job.public_id, exc)
-        return None
-    request = LaunchRequest(
-        job_id=job.public_id,
-        attempt=attempt.number,
-        name=_machine_name(attempt),
-        max_runtime_seconds=job.max_runtime_seconds,
-    )
-    try:
-        handle = adapter.launch(request)
-    except Exception as exc:  # provider adapters map their errors in a later capability
-        log.warning("launch of %s failed: %s", request.name, exc)
-        attempt_end(
-            attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=f"launch failed: {exc}"
-        )
-        return attempt
-    JobAttempt.objects.filter(pk=attempt.pk).update(provider_instance_id=handle.instance_id)
-    attempt.provider_instance_id = handle.instance_id
-    # A cancel (or end) while the provider call was in flight found no instance to stop.
-    if JobAttempt.objects.filter(
-        Q(ended_at__isnull=False) | Q(job__status=S.CANCELLING), pk=attempt.pk
-    ).exists():
-        transaction.on_commit(lambda: _send_stop(job_pk))
-    return attempt
-
-
-_REMOTE_END = {
-    RemoteStatus.LOST: EndReason.WORKER_LOST,
-    RemoteStatus.CANCELLED: EndReason.CANCELLED,
-}
-
-
-def attempts_poll_target(*, target: str) -> int:
-    """Poll every live attempt on ``target`` in one batched call; returns how many were seen."""
-    adapter = _adapter(target)
-    live = list(
-        JobAttempt.objects.select_related("job")
-        .filter(target=target, ended_at__isnull=True)
-        .exclude(provider_instance_id="")
-    )
-    if adapter is None or not live:
-        return 0
-    states = adapter.poll(
-        [Handle(instance_id=a.provider_instance_id, name=_machine_name(a)) for a in live]
-    )
-    for attempt in live:
-        state = states.get(
-            attempt.provider_instance_id, RemoteState(RemoteStatus.LOST, "not found")
-        )
-        _apply_remote_state(attempt, state)
-    return len(live)
-
-
-def _apply_remote_state(attempt: JobAttempt, state: RemoteState) -> None:
-    if state.events:
-        attempt_record_events(
-            job_id=attempt.job.public_id, attempt_number=attempt.number, events=state.events
-        )
-    if state.status in (RemoteStatus.PENDING, RemoteStatus.RUNNING):
-        attempt_renew_lease(attempt=attempt)
-        if state.status == RemoteStatus.RUNNING:
-            _apply_reported_status(attempt, "running", {}, state.message)
-    elif state.status == RemoteStatus.SUCCEEDED:
-        _apply_reported_status(attempt, "succeeded", {}, state.message)
-    elif state.status == RemoteStatus.FAILED:
-        _apply_reported_status(attempt, "failed", {"code": state.error_code}, state.message)
-    else:
-        attempt_end(attempt=attempt, reason=_REMOTE_END[state.status], message=state.message)

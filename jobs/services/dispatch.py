@@ -124,10 +124,19 @@ def _note_waiting(job: TrainingJob, reason: str) -> None:
 # --- the message to the node ----------------------------------------------------------------
 
 
-def attempt_spec(attempt: JobAttempt) -> dict[str, Any]:
-    """The executor's job spec for ``attempt`` (gpu_worker.spec), with fresh signed URLs."""
+def attempt_spec(
+    attempt: JobAttempt, *, sinks: list[dict[str, Any]] | None = None, public: bool = False
+) -> dict[str, Any]:
+    """The executor's job spec for ``attempt`` (gpu_worker.spec), with fresh signed URLs.
+
+    ``sinks``: where its events go (default: Celery, as on a GPU node). ``public``: the
+    executor runs on a rented machine outside the operator's network."""
     job = attempt.job
     ttl = job.max_runtime_seconds + URL_SLACK_SECONDS
+
+    def url(key: str, method: str, **kwargs: Any) -> str:
+        return storage.transfer_url(key, method, ttl_seconds=ttl, public=public, **kwargs)
+
     files = {"dataset": job.training_file, "validation_dataset": job.validation_file}
     checkpoint = storage.checkpoint_key(job.project_id, job.public_id)
     spec: dict[str, Any] = {
@@ -137,7 +146,7 @@ def attempt_spec(attempt: JobAttempt) -> dict[str, Any]:
         "model": job.model,
         **{
             name: {
-                "url": storage.transfer_url(f.storage_key, "GET", ttl_seconds=ttl),
+                "url": url(f.storage_key, "GET"),
                 "sha256": f.sha256,
                 "format": f.format,
             }
@@ -147,25 +156,20 @@ def attempt_spec(attempt: JobAttempt) -> dict[str, Any]:
         "outputs": {
             # Issued before the bytes exist, so capped rather than pinned to a size and hash:
             # ingest verifies every member against the manifest and the reported sha256.
-            "artifact_url": storage.transfer_url(
+            "artifact_url": url(
                 storage.bundle_key(job.project_id, job.public_id, attempt.number),
                 "PUT",
-                ttl_seconds=ttl,
                 max_bytes=storage.MAX_PUT_BYTES,
             ),
-            "checkpoint_url": storage.transfer_url(
-                checkpoint, "PUT", ttl_seconds=ttl, max_bytes=storage.MAX_PUT_BYTES
-            ),
-            "resume_url": storage.transfer_url(checkpoint, "GET", ttl_seconds=ttl)
-            if storage.exists(checkpoint)
-            else None,
+            "checkpoint_url": url(checkpoint, "PUT", max_bytes=storage.MAX_PUT_BYTES),
+            "resume_url": url(checkpoint, "GET") if storage.exists(checkpoint) else None,
         },
         "adapter": job.adapter,
         "hyperparameters": job.hyperparameters,
         "seed": job.seed,
         "max_runtime_seconds": job.max_runtime_seconds,
         "report": {
-            "sinks": [{"type": "celery"}],
+            "sinks": sinks if sinks is not None else [{"type": "celery"}],
             # Several heartbeats per lease, so one lost message never costs the attempt.
             "heartbeat_seconds": max(1.0, settings.TRAINHUB_LEASE_TTL_SECONDS / 5),
             # Progress reaches the API within a second or two (metrics are throttled to 1/s).

@@ -163,6 +163,11 @@ def _check_target(project: Project, name: object) -> str:
         raise _param_error(
             f"Unknown target {name!r}; available: {', '.join(registry.names())}.", "target"
         )
+    problem = entry.misconfiguration()
+    if problem:
+        raise _param_error(
+            f"target '{entry.name}' is not available: {problem}.", "target", "target_unavailable"
+        )
     if entry.adapter_factory is not None and not storage.reachable_from_cloud():
         # Refused now, before a GPU is rented that could not fetch its data.
         raise _param_error(

@@ -19,6 +19,7 @@ from jobs.services.jobs import job_cancel, job_retry
 from jobs.states import JobStatus
 from providers import registry
 from providers.base import RemoteStatus
+from providers.errors import PermanentProviderError
 from tests.jobs import conftest_services
 from tests.providers.fake import register_fake
 
@@ -34,6 +35,12 @@ EXPIRE_LOCK = "expire-leases"
 def _no_stale_locks() -> None:
     # A test run killed while holding a lock would otherwise skip polls until the TTL ends.
     redis_client().delete(f"trainhub:lock:{POLL_LOCK}", f"trainhub:lock:{EXPIRE_LOCK}")
+
+
+def poll_due() -> None:
+    """One poll cycle with every live attempt due (launches schedule their first poll later)."""
+    JobAttempt.objects.update(next_poll_at=None)
+    tasks.poll_target("fake-cloud")
 
 
 def _fresh(obj):
@@ -90,7 +97,7 @@ def test_poll_running_moves_the_job_and_renews_the_lease(launched, fake_cloud) -
         events=({"seq": 0, "type": "metrics", "data": {"step": 3, "loss": 1.5}},),
     )
 
-    tasks.poll_target("fake-cloud")
+    poll_due()
 
     assert [h.instance_id for h in fake_cloud.polls[-1]] == [attempt.provider_instance_id]
     assert fake_cloud.polls[-1][0].name == f"trainhub-{job.public_id}-a1"
@@ -107,7 +114,7 @@ def test_poll_pending_renews_the_lease_only(launched, fake_cloud) -> None:
     JobAttempt.objects.filter(pk=attempt.pk).update(
         lease_expires_at=timezone.now() + timedelta(seconds=5)
     )
-    tasks.poll_target("fake-cloud")  # the fake reports a fresh launch as pending
+    poll_due()  # the fake reports a fresh launch as pending
     assert _fresh(job).status == S.PROVISIONING
     assert _fresh(attempt).lease_expires_at > timezone.now() + timedelta(seconds=60)
 
@@ -119,7 +126,7 @@ def test_poll_lost_requeues_and_stops_only_the_lost_machine(
     fake_cloud.set_state(first.provider_instance_id, RemoteStatus.LOST, "instance vanished")
 
     with django_capture_on_commit_callbacks(execute=True):
-        tasks.poll_target("fake-cloud")
+        poll_due()
 
     first.refresh_from_db()
     assert first.end_reason == "worker_lost" and first.ended_at is not None
@@ -141,7 +148,7 @@ def test_poll_lost_requeues_and_stops_only_the_lost_machine(
 def test_instance_missing_from_the_poll_counts_as_lost(launched, fake_cloud, sent) -> None:
     job, attempt = launched
     del fake_cloud.states[attempt.provider_instance_id]
-    tasks.poll_target("fake-cloud")
+    poll_due()
     assert _fresh(attempt).end_reason == "worker_lost"
     assert _fresh(job).status == S.QUEUED
 
@@ -150,7 +157,7 @@ def test_lost_on_the_last_attempt_fails_the_job(fake_cloud, make_job, sent) -> N
     job = make_job(target="fake-cloud", max_attempts=1)
     tasks.submit_attempt(job.pk)
     fake_cloud.set_state("fake-cloud-i1", RemoteStatus.LOST)
-    tasks.poll_target("fake-cloud")
+    poll_due()
     job.refresh_from_db()
     assert (job.status, job.error_code) == (S.FAILED, "worker_lost")
     assert "after 1 attempt(s)" in job.error_message
@@ -165,7 +172,7 @@ def test_poll_succeeded_and_failed_reports(
         JobAttempt.objects.filter(job=job).update(started_at=timezone.now())
     fake_cloud.set_state("fake-cloud-i1", RemoteStatus.RUNNING)
     fake_cloud.set_state("fake-cloud-i2", RemoteStatus.RUNNING)
-    tasks.poll_target("fake-cloud")
+    poll_due()
     assert len(fake_cloud.polls[-1]) == 2, "one batched call for every live attempt of the target"
 
     fake_cloud.set_state("fake-cloud-i1", RemoteStatus.SUCCEEDED)
@@ -173,7 +180,7 @@ def test_poll_succeeded_and_failed_reports(
         "fake-cloud-i2", RemoteStatus.FAILED, "CUDA out of memory", error_code="oom"
     )
     with django_capture_on_commit_callbacks(execute=True):
-        tasks.poll_target("fake-cloud")
+        poll_due()
 
     assert _fresh(ok).status == S.FINALIZING
     assert sent.named(cc.INGEST_ARTIFACT) == [[JobAttempt.objects.get(job=ok).pk, ""]]
@@ -198,6 +205,11 @@ def test_cancel_stops_the_machine_and_cancels_the_job(
 
     assert fake_cloud.cancelled_ids == [attempt.provider_instance_id]
     assert fake_cloud.cancels[0].name == f"trainhub-{job.public_id}-a1"
+    attempt.refresh_from_db()
+    assert attempt.ended_at is None and attempt.stop_requested_at is not None
+    assert _fresh(job).status == S.CANCELLING, "cancelling until the provider confirms"
+
+    poll_due()  # the provider now reports the machine cancelled: the stop is confirmed
     attempt.refresh_from_db()
     assert attempt.end_reason == "cancelled" and attempt.ended_at is not None
     job.refresh_from_db()
@@ -229,13 +241,14 @@ def test_cancel_while_the_launch_is_in_flight_still_stops_the_machine(
 
     tasks.cancel_job(job.pk)
     assert fake_cloud.cancelled_ids == ["fake-cloud-i1"]
+    poll_due()
     assert _fresh(job).status == S.CANCELLED
 
 
 def test_failed_launch_fails_the_job_with_the_provider_error(
     cloud_job, fake_cloud, django_capture_on_commit_callbacks, sent
 ) -> None:
-    fake_cloud.launch_error = RuntimeError("no H100 capacity in any region")
+    fake_cloud.launch_error = PermanentProviderError("HTTP 403: no access to the H100 pool")
     with django_capture_on_commit_callbacks(execute=True):
         tasks.submit_attempt(cloud_job.pk)
 
@@ -244,7 +257,7 @@ def test_failed_launch_fails_the_job_with_the_provider_error(
     cloud_job.refresh_from_db()
     assert cloud_job.status == S.FAILED
     assert cloud_job.error_code == "provider_error"
-    assert cloud_job.error_message == "launch failed: no H100 capacity in any region"
+    assert cloud_job.error_message == "launch failed: HTTP 403: no access to the H100 pool"
     assert sent.calls == [], "nothing was rented, so nothing to stop or relaunch"
 
     # A retry relaunches on the same target as attempt 2.
@@ -298,11 +311,11 @@ def test_poll_target_skips_while_another_poller_holds_the_lock(launched, fake_cl
     with try_lock(POLL_LOCK, ttl_seconds=30) as held:
         assert held
         assert redis_client().exists(f"trainhub:lock:{POLL_LOCK}")
-        tasks.poll_target("fake-cloud")
+        poll_due()
         assert len(fake_cloud.polls) == polls
         assert _fresh(job).status == S.PROVISIONING
 
-    tasks.poll_target("fake-cloud")
+    poll_due()
     assert len(fake_cloud.polls) == polls + 1
     assert _fresh(job).status == S.RUNNING
     assert not redis_client().exists(f"trainhub:lock:{POLL_LOCK}"), "released after the cycle"
@@ -340,7 +353,8 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
     names = [cc.VALIDATE_FILE, cc.SUBMIT_ATTEMPT, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
              cc.CANCEL_JOB, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.RECORD_EVENTS, cc.DISPATCH,
              cc.FLEET_TICK, cc.NODE_REGISTER, cc.NODE_HEARTBEAT, cc.NODE_STOPPING,
-             cc.PURGE_STORAGE, cc.STORAGE_SWEEP]  # fmt: skip
+             cc.PURGE_STORAGE, cc.STORAGE_SWEEP, cc.PROVISION_ATTEMPT, cc.POLL_ATTEMPT,
+             cc.RECONCILE_PROVIDERS]  # fmt: skip
     for name in names:
         assert name in app.tasks, name
         assert app.tasks[name].ignore_result
@@ -348,7 +362,8 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
         assert route["queue"].name == cc.DEFAULT_QUEUE, name
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert scheduled == {
-        cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK, cc.STORAGE_SWEEP
+        cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK, cc.STORAGE_SWEEP,
+        cc.RECONCILE_PROVIDERS,
     }  # fmt: skip
     assert app.conf.broker_transport_options["visibility_timeout"] > cc.LONGEST_JOB_SECONDS
 

@@ -17,13 +17,15 @@ from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus
 @dataclass
 class FakeAdapter:
     """One fake cloud. ``states`` maps instance id → what the next polls report; an id that
-    is absent is not returned by ``poll`` at all (the provider does not know it)."""
+    is absent is LOST (the provider does not know it); ids in ``unknown`` are left out of
+    ``poll`` (their status call failed this cycle)."""
 
     name: str = "fake-cloud"
     launches: list[LaunchRequest] = field(default_factory=list)
     polls: list[list[Handle]] = field(default_factory=list)
     cancels: list[Handle] = field(default_factory=list)
     states: dict[str, RemoteState] = field(default_factory=dict)
+    unknown: set[str] = field(default_factory=set)
     launch_error: Exception | None = None
     # Runs inside launch(), before the handle is returned: a stand-in for whatever another
     # process does while the provider call is in flight.
@@ -45,9 +47,11 @@ class FakeAdapter:
     def poll(self, handles: Sequence[Handle]) -> dict[str, RemoteState]:
         self.polls.append(list(handles))
         return {
-            h.instance_id: self.states[h.instance_id]
+            h.instance_id: self.states.get(
+                h.instance_id, RemoteState(RemoteStatus.LOST, "the provider does not know it")
+            )
             for h in handles
-            if h.instance_id in self.states
+            if h.instance_id not in self.unknown
         }
 
     def cancel(self, handle: Handle) -> None:

@@ -19,27 +19,30 @@ SPEC = {"version": 1, "job_id": "ftjob-x", "attempt": 2, "report": {"sinks": [{"
 JOB_ID = "60902e6c-08a1-426e-9cb9-9eaec90f5e2b-u1"
 
 
-def adapter(webhook: str = "") -> RunpodServerless:
+def adapter() -> RunpodServerless:
     http = ProviderHTTP(
         provider="runpod", base_url="https://api.runpod.ai/v2", sleep=lambda s: None
     )
-    return RunpodServerless(api_key=KEY, endpoint_id="ep-abc123", http=http, webhook_url=webhook)
+    return RunpodServerless(api_key=KEY, endpoint_id="ep-abc123", http=http)
 
 
-def request(max_runtime: int = 3600) -> LaunchRequest:
+def request(max_runtime: int = 3600, webhook: str = "") -> LaunchRequest:
     return LaunchRequest(
         job_id="ftjob-x",
         attempt=2,
         name="trainhub-ftjob-x-a2",
         max_runtime_seconds=max_runtime,
         spec=SPEC,
+        webhook_url=webhook,
     )
 
 
 @responses.activate
 def test_launch_sends_the_spec_with_a_policy_that_covers_the_run() -> None:
     responses.post(f"{URL}/run", json={"id": JOB_ID, "status": "IN_QUEUE"})
-    handle = adapter(webhook="https://trainhub.example.org/hooks/runpod").launch(request(3600))
+    handle = adapter().launch(
+        request(3600, webhook="https://trainhub.example.org/hooks/runpod")
+    )
     assert handle == Handle(instance_id=JOB_ID, name="trainhub-ftjob-x-a2")
     sent = json.loads(responses.calls[0].request.body)
     assert sent["input"] == SPEC
