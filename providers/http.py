@@ -124,9 +124,18 @@ class ProviderHTTP:
                     raise lost from None
                 failure: ProviderError = lost
             else:
-                if response.ok:
-                    return response.json() if response.content.strip() else None
-                failure = self._failure(response, what)
+                if not response.ok:
+                    failure = self._failure(response, what)
+                else:
+                    try:
+                        return response.json() if response.content.strip() else None
+                    except ValueError:  # a proxy's page, a truncated body: not the API's answer
+                        failure = TransientProviderError(
+                            f"{what} returned HTTP {response.status_code} with a body that is "
+                            f"not JSON: {describe_body(response, 120)}",
+                            provider=self.provider,
+                            status=response.status_code,
+                        )
                 if isinstance(failure, TransientProviderError) and not safe:
                     failure.maybe_applied = True  # a 5xx after the provider may have acted
                     raise failure

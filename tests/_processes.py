@@ -76,3 +76,64 @@ def moto_s3_server(log: Path, timeout: float = 30.0) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+@contextmanager
+def sshd_server(
+    workdir: Path, authorized_key: str, timeout: float = 15.0
+) -> Iterator[tuple[int, str]]:
+    """A real OpenSSH server on 127.0.0.1 that accepts only ``authorized_key`` (any user the
+    process may become: root in tests); yields (port, host key line 'ssh-ed25519 AAAA...').
+
+    Everything it needs (throwaway host key, config, authorized_keys, pid file, log) lives in
+    ``workdir``; ``StrictModes no`` because pytest's temporary directories are not root-only.
+    """
+    if not SSHD.exists():
+        raise RuntimeError(
+            f"{SSHD} is missing: the SSH tests need a real OpenSSH server; install it with "
+            "`apt-get install -y openssh-server` (.ci/run does this in CI)"
+        )
+    host_key = workdir / "ssh_host_ed25519_key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "trainhub-test-host", "-f", str(host_key)],
+        check=True,
+    )  # fmt: skip
+    (workdir / "authorized_keys").write_text(authorized_key.strip() + "\n")
+    port = free_port()
+    config = workdir / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
+        f"AuthorizedKeysFile {workdir / 'authorized_keys'}\nPidFile {workdir / 'sshd.pid'}\n"
+        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
+        "Subsystem sftp internal-sftp\n"
+    )
+    # sshd refuses to start without its privilege-separation directory (made by the init script).
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    log = workdir / "sshd.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.05)
+        kind, blob = Path(f"{host_key}.pub").read_text().split()[:2]
+        yield port, f"{kind} {blob}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -7,6 +7,7 @@ import ipaddress
 import socket
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,41 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gpu_worker.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
+@dataclass(frozen=True)
+class SshServer:
+    """The loopback sshd of the ``sshd`` fixture and the one client key it accepts."""
+
+    host: str
+    port: int
+    username: str
+    private_key: str  # OpenSSH PEM text
+    public_key: str  # 'ssh-ed25519 AAAA... comment'
+    host_key: str  # the server's key, 'ssh-ed25519 AAAA...'
+    authorized_keys: Path  # append a key line to let it in (as a RunPod image does at boot)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """A real OpenSSH server on 127.0.0.1 (one per session) with a throwaway host key, accepting
+    one client key generated for this session; logs in as root (tests run as root)."""
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from tests._processes import sshd_server
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH)
+    public_line = public.decode() + " trainhub-test"
+    workdir = tmp_path_factory.mktemp("sshd")
+    with sshd_server(workdir, public_line) as (port, host_key):
+        yield SshServer(
+            "127.0.0.1", port, "root", private, public_line, host_key, workdir / "authorized_keys"
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -137,7 +137,9 @@ RUNPOD_REST_URL = env.str("RUNPOD_REST_URL", default="https://api.runpod.io/v2")
 # The operator's serverless endpoint running docker/Dockerfile.runpod-serverless.
 RUNPOD_ENDPOINT_ID = env.str("RUNPOD_ENDPOINT_ID", default="")
 # Pods: an image with Python, the executor's requirements and sshd that honours PUBLIC_KEY.
-RUNPOD_POD_IMAGE = env.str("RUNPOD_POD_IMAGE", default="runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04")
+RUNPOD_POD_IMAGE = env.str(
+    "RUNPOD_POD_IMAGE", default="runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04"
+)
 # GPU types tried in order (the first with capacity wins), as "RunPod gpu id=VRAM GB".
 RUNPOD_POD_GPU_TYPES = env.list(
     "RUNPOD_POD_GPU_TYPES",

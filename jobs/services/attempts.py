@@ -80,8 +80,8 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
             data={"attempt": attempt.number, "end_reason": str(reason)},
         )
         if reason == EndReason.SUCCEEDED:
-            return True  # the job moves on through finalizing → succeeded at ingest
-        if job.status == S.CANCELLING:
+            pass  # the job moves on through finalizing → succeeded at ingest
+        elif job.status == S.CANCELLING:
             job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
         elif job.status in (S.PROVISIONING, S.RUNNING, S.FINALIZING):
             used = attempt.number - job.attempt_budget_start
@@ -97,7 +97,7 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
                 job_transition(
                     job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}"
                 )
-    if attempt.provider_instance_id:
+    if attempt.provider_instance_id:  # however it ended, its machine must stop billing
         transaction.on_commit(lambda: _send_stop(attempt.job_id))
     return True
 

@@ -298,9 +298,13 @@ def _poll(target: registry.Target, attempts: list[JobAttempt]) -> None:
     try:
         adapter = adapter_for(target, attempts[0].job.project)
         states = adapter.poll([_handle(a) for a in attempts])
-    except MissingCredentials as exc:
+    except (MissingCredentials, InvalidCredentials) as exc:  # revoked: no poll will work again
         for attempt in attempts:
-            attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=str(exc))
+            attempt_end(
+                attempt=attempt,
+                reason=EndReason.PROVIDER_ERROR,
+                message=f"cannot reach the machine: {exc}",
+            )
         return
     except ProviderError as exc:  # unknown this cycle; the lease bounds how long that may last
         log.warning("poll of %d %s attempt(s) failed: %s", len(attempts), target.name, exc)

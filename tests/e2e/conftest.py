@@ -115,6 +115,8 @@ def control_worker(
         "TRAINHUB_LOG_LEVEL": "INFO",
         # Transfer URLs are signed by the worker and checked by the web side: one key.
         "DJANGO_SECRET_KEY": settings.SECRET_KEY,
+        # Credentials (and SSH keys) encrypted by this process are read by the worker.
+        "TRAINHUB_ENCRYPTION_KEYS": ",".join(settings.TRAINHUB_ENCRYPTION_KEYS),
         **control_worker_env,
     }
     worker = Process(

@@ -26,6 +26,8 @@ class FakeAdapter:
     cancels: list[Handle] = field(default_factory=list)
     states: dict[str, RemoteState] = field(default_factory=dict)
     unknown: set[str] = field(default_factory=set)
+    names: dict[str, str] = field(default_factory=dict)  # instance id → machine name
+    secrets_seen: list[dict[str, str]] = field(default_factory=list)
     launch_error: Exception | None = None
     # Runs inside launch(), before the handle is returned: a stand-in for whatever another
     # process does while the provider call is in flight.
@@ -42,6 +44,7 @@ class FakeAdapter:
             raise self.launch_error
         instance_id = f"{self.name}-i{next(self._ids)}"
         self.states[instance_id] = RemoteState(RemoteStatus.PENDING, "starting")
+        self.names[instance_id] = request.name
         return Handle(instance_id=instance_id, name=request.name)
 
     def poll(self, handles: Sequence[Handle]) -> dict[str, RemoteState]:
@@ -61,7 +64,7 @@ class FakeAdapter:
 
     def list_instances(self) -> list[Handle]:
         return [
-            Handle(instance_id=i)
+            Handle(instance_id=i, name=self.names.get(i, ""))
             for i, s in self.states.items()
             if s.status in (RemoteStatus.PENDING, RemoteStatus.RUNNING)
         ]
@@ -78,16 +81,25 @@ class FakeAdapter:
         return [h.instance_id for h in self.cancels]
 
 
-def register_fake(name: str = "fake-cloud") -> FakeAdapter:
+def register_fake(
+    name: str = "fake-cloud", *, credential_kind: str | None = None, poll_batch: int = 10_000
+) -> FakeAdapter:
     """Register ``name`` as a cloud target backed by one shared FakeAdapter; returns it.
+    The secrets each adapter was built with are kept in ``adapter.secrets_seen``.
     The caller unregisters it (``registry.unregister(name)``) in teardown."""
     adapter = FakeAdapter(name=name)
+
+    def factory(secrets: dict[str, str]) -> FakeAdapter:
+        adapter.secrets_seen.append(dict(secrets))
+        return adapter
+
     registry.register(
         registry.Target(
             name=name,
             description="Scripted fake provider (tests only).",
-            credential_kind=None,
-            adapter_factory=lambda _credentials: adapter,
+            credential_kind=credential_kind,
+            adapter_factory=factory,
+            poll_batch=poll_batch,
         )
     )
     return adapter

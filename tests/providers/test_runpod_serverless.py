@@ -40,9 +40,7 @@ def request(max_runtime: int = 3600, webhook: str = "") -> LaunchRequest:
 @responses.activate
 def test_launch_sends_the_spec_with_a_policy_that_covers_the_run() -> None:
     responses.post(f"{URL}/run", json={"id": JOB_ID, "status": "IN_QUEUE"})
-    handle = adapter().launch(
-        request(3600, webhook="https://trainhub.example.org/hooks/runpod")
-    )
+    handle = adapter().launch(request(3600, webhook="https://trainhub.example.org/hooks/runpod"))
     assert handle == Handle(instance_id=JOB_ID, name="trainhub-ftjob-x-a2")
     sent = json.loads(responses.calls[0].request.body)
     assert sent["input"] == SPEC

@@ -1,0 +1,461 @@
+"""The RunPod pods adapter (REST v2) against ``responses`` answers shaped like RunPod's
+documented ones: the v2 Pod object (``ssh {proxy, direct}``, ``runtime`` null until RUNNING),
+``{"pods": [...]}`` listings, RFC 9457 problems for 4xx, HTML pages from the edge for 5xx, and
+429 with ``Retry-After`` in integer seconds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import responses
+from responses import matchers
+
+from providers.base import Handle, LaunchRequest, RemoteStatus, SshAddress
+from providers.errors import (
+    InvalidCredentials,
+    NoCapacity,
+    PermanentProviderError,
+    ProviderError,
+    RateLimited,
+    TransientProviderError,
+)
+from providers.http import ProviderHTTP, RetryPolicy
+from providers.runpod_pod import RunpodPods, gpu_candidates
+
+BASE = "https://api.runpod.io/v2"
+KEY = "rpa_POD_KEY_7f3c9e1d"
+NAME = "trainhub-ftjob-x-a2"
+IMAGE = "ghcr.io/trainhub/executor:1.4.0-cu128"
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJx1trainhubattempt2 trainhub-ftjob-x-a2"
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100 80GB PCIe"
+L40S = "NVIDIA L40S"
+CATALOG = [f"{H100}=80", f"{A100}=80", f"{L40S}=48"]
+HTML_502 = (
+    "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1>"
+    "</center><hr><center>cloudflare</center></body></html>"
+)
+
+
+class Sleeps(list[float]):
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+def adapter(
+    sleep: Callable[[float], None] = lambda s: None, gpu_types: list[str] | None = None
+) -> RunpodPods:
+    return RunpodPods(
+        api_key=KEY,
+        http=ProviderHTTP(provider="runpod-pod", base_url=BASE, sleep=sleep),
+        image=IMAGE,
+        gpu_types=CATALOG if gpu_types is None else gpu_types,
+        cuda_versions=["12.8"],
+        disk_gb=80,
+    )
+
+
+def request(gpu: dict[str, object] | None = None) -> LaunchRequest:
+    return LaunchRequest(
+        job_id="ftjob-x",
+        attempt=2,
+        name=NAME,
+        max_runtime_seconds=3600,
+        gpu=gpu if gpu is not None else {"count": 1},
+        ssh_public_key=PUBKEY,
+    )
+
+
+def pod(pod_id: str, status: str, name: str = NAME, gpu: str = H100) -> dict[str, Any]:
+    """A v2 Pod as ``GET /v2/pods`` returns it; ``ssh.direct`` and ``runtime`` only once the
+    container runs, ``cost`` 0 once it is exited or terminated."""
+    running = status == "RUNNING"
+    return {
+        "id": pod_id,
+        "name": name,
+        "image": IMAGE,
+        "args": "",
+        "disk": 80,
+        "ports": ["22/tcp"],
+        "env": {"PUBLIC_KEY": PUBKEY},
+        "registry": None,
+        "status": status,
+        "actions": ["stop", "restart", "terminate"] if running else ["terminate"],
+        "mounts": {},
+        "gpu": {"id": gpu, "count": 1, "vcpuCount": 16, "memory": 125},
+        "cloud": "SECURE",
+        "dataCenterId": "US-TX-3",
+        "cudaVersion": "12.8",
+        "ssh": {
+            "proxy": {
+                "host": "ssh.runpod.io",
+                "port": 22,
+                "username": f"{pod_id}-64411eb2",
+                "command": f"ssh {pod_id}-64411eb2@ssh.runpod.io",
+            },
+            "direct": {
+                "host": "195.26.233.3",
+                "port": 34446,
+                "username": "root",
+                "command": "ssh root@195.26.233.3 -p 34446",
+            }
+            if running
+            else None,
+        },
+        "template": None,
+        "cost": 2.69 if status in ("PROVISIONING", "STARTING", "RUNNING") else 0.0,
+        "locked": False,
+        "globalNetworking": {"enabled": False},
+        "runtime": {
+            "uptime": 120,
+            "ports": [{"private": 22, "public": 34446, "type": "tcp", "ip": "195.26.233.3"}],
+        }
+        if running
+        else None,
+        "createdAt": "2026-09-30T12:00:00Z",
+        "startedAt": "2026-09-30T12:02:00Z" if running else None,
+    }
+
+
+def problem(status: int, title: str, detail: str, **extra: object) -> dict[str, object]:
+    """An RFC 9457 problem document, RunPod v2's error shape."""
+    return {"title": title, "status": status, "detail": detail, **extra}
+
+
+NO_CAPACITY = problem(
+    400,
+    "Bad Request",
+    "There are no longer any instances available with the requested specifications.",
+)
+
+
+def raised(error: type[ProviderError], call: Callable[[], object]) -> ProviderError:
+    """Run ``call``, expect ``error``, and check the key stayed out of what it says."""
+    with pytest.raises(error) as info:
+        call()
+    assert KEY not in str(info.value) and KEY not in repr(info.value.args)
+    return info.value
+
+
+def lookup(*pods: dict[str, Any]) -> None:
+    """The launch's look-before-create: ``GET /pods?name=<attempt name>``."""
+    responses.get(
+        f"{BASE}/pods",
+        json={"pods": list(pods)},
+        match=[matchers.query_param_matcher({"name": NAME})],
+    )
+
+
+def posts() -> list[Any]:
+    return [c for c in responses.calls if c.request.method == "POST"]
+
+
+def sent_gpus() -> list[str]:
+    return [json.loads(c.request.body)["gpu"]["id"] for c in posts()]
+
+
+# --- launch -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["PROVISIONING", "RUNNING", "EXITED"])
+@responses.activate
+def test_a_pod_of_this_attempt_that_exists_already_is_reused_without_a_post(status: str) -> None:
+    lookup(pod("abc123xyz", status))
+    handle = adapter().launch(request())
+    assert handle == Handle(instance_id="abc123xyz", name=NAME)
+    assert [c.request.method for c in responses.calls] == ["GET"], "no second pod is rented"
+
+
+@responses.activate
+def test_a_terminated_pod_of_the_same_name_or_another_pod_is_ignored_and_a_new_one_created() -> (
+    None
+):
+    # The name filter is the v1 list's; the adapter also compares names itself, so a server
+    # that ignores the filter and lists every pod cannot make it adopt someone else's pod.
+    lookup(pod("old1", "TERMINATED"), pod("nb1", "RUNNING", name="my-notebook"))
+    responses.post(f"{BASE}/pods", status=201, json=pod("new1", "PROVISIONING"))
+    assert adapter().launch(request()) == Handle(instance_id="new1", name=NAME)
+    assert len(posts()) == 1
+
+
+@responses.activate
+def test_the_create_body_is_exactly_what_runpod_v2_expects() -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=201, json=pod("new1", "PROVISIONING"))
+    adapter().launch(request({"count": 2, "min_vram_gb": 80}))
+    (call,) = posts()
+    assert call.request.url == f"{BASE}/pods"
+    assert json.loads(call.request.body) == {
+        "name": NAME,
+        "image": IMAGE,
+        "gpu": {"id": H100, "count": 2, "allowedCudaVersions": ["12.8"]},
+        "cloud": "SECURE",  # explicit: clients disagree on what an absent cloud means
+        "disk": 80,
+        "ports": ["22/tcp"],
+        "env": {"PUBLIC_KEY": PUBKEY},
+    }
+    assert call.request.headers["Authorization"] == f"Bearer {KEY}"
+    assert call.request.headers["Content-Type"] == "application/json"
+    assert all(c.request.headers["Authorization"] == f"Bearer {KEY}" for c in responses.calls)
+
+
+@responses.activate
+def test_a_400_moves_on_to_the_next_fitting_gpu_type() -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=400, json=NO_CAPACITY)
+    responses.post(f"{BASE}/pods", status=201, json=pod("new1", "PROVISIONING", gpu=A100))
+    assert adapter().launch(request({"min_vram_gb": 80})).instance_id == "new1"
+    assert sent_gpus() == [H100, A100]
+
+
+@responses.activate
+def test_every_fitting_type_refused_is_no_capacity_naming_each_type() -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=400, json=NO_CAPACITY)
+    error = raised(NoCapacity, lambda: adapter().launch(request({"min_vram_gb": 80})))
+    assert sent_gpus() == [H100, A100], "L40S (48 GB) does not fit and is never asked for"
+    assert H100 in error.message and A100 in error.message and L40S not in error.message
+    assert "no longer any instances available" in error.message
+    assert error.retryable
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [
+        (
+            422,
+            problem(
+                422,
+                "Unprocessable Entity",
+                "Request validation failed.",
+                errors=[{"detail": "unknown field", "pointer": "/gpu/minRamPerGpu"}],
+            ),
+            PermanentProviderError,
+        ),
+        (402, problem(402, "Payment Required", "insufficient balance"), PermanentProviderError),
+        (403, problem(403, "Forbidden", "access denied"), InvalidCredentials),
+    ],
+)
+@responses.activate
+def test_refusals_no_other_gpu_can_cure_stop_after_one_post(
+    status: int, body: dict[str, object], error: type[ProviderError]
+) -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=status, json=body)
+    failure = raised(error, lambda: adapter().launch(request()))
+    assert type(failure) is error and failure.status == status
+    assert str(body["detail"]) in failure.message
+    assert len(posts()) == 1, "the next GPU type is not tried"
+
+
+def test_gpu_candidates_filter_by_vram_and_name_glob_in_catalogue_order() -> None:
+    assert gpu_candidates({}, CATALOG) == [(H100, 80), (A100, 80), (L40S, 48)]
+    assert gpu_candidates({"min_vram_gb": 48}, CATALOG) == [(H100, 80), (A100, 80), (L40S, 48)]
+    assert gpu_candidates({"min_vram_gb": 49}, CATALOG) == [(H100, 80), (A100, 80)]
+    assert gpu_candidates({"name": "*H100*"}, CATALOG) == [(H100, 80)]
+    assert gpu_candidates({"name": "*l40s"}, CATALOG) == [(L40S, 48)], "case-insensitive"
+    assert gpu_candidates({"name": "*A100*", "min_vram_gb": 40}, CATALOG) == [(A100, 80)]
+    assert gpu_candidates({"name": "*H200*"}, CATALOG) == []
+    assert gpu_candidates({"min_vram_gb": 141}, CATALOG) == []
+
+
+@pytest.mark.parametrize("entry", [H100, "=80", f"{H100}=eighty", f"{H100}="])
+def test_a_malformed_catalogue_entry_is_a_value_error(entry: str) -> None:
+    with pytest.raises(ValueError, match="RUNPOD_POD_GPU_TYPES"):
+        gpu_candidates({}, [f"{A100}=80", entry])
+
+
+@responses.activate
+def test_no_fitting_gpu_type_is_no_capacity_without_any_post() -> None:
+    lookup()
+    error = raised(NoCapacity, lambda: adapter().launch(request({"min_vram_gb": 141})))
+    assert "RUNPOD_POD_GPU_TYPES" in error.message and "141" in error.message
+    raised(NoCapacity, lambda: adapter().launch(request({"name": "*H200*"})))
+    assert posts() == []
+
+
+@responses.activate
+def test_a_malformed_catalogue_fails_launch_before_any_post() -> None:
+    lookup()
+    with pytest.raises(ValueError, match="is not '<gpu id>=<VRAM GB>'"):
+        adapter(gpu_types=[f"{H100}=80", "NVIDIA L40S"]).launch(request())
+    assert posts() == []
+
+
+@responses.activate
+def test_a_502_to_the_create_is_never_repeated_and_the_retry_finds_the_pod() -> None:
+    lookup()  # first launch: nothing yet
+    lookup(pod("made1", "PROVISIONING"))  # second: the 502 came after RunPod created the pod
+    responses.post(f"{BASE}/pods", status=502, body=HTML_502, content_type="text/html")
+    error = raised(TransientProviderError, lambda: adapter().launch(request()))
+    assert isinstance(error, TransientProviderError) and error.maybe_applied
+    assert "502 Bad Gateway" in error.message and "<html>" not in error.message
+    assert len(posts()) == 1
+
+    assert adapter().launch(request()) == Handle(instance_id="made1", name=NAME)
+    assert len(posts()) == 1, "no second pod"
+
+
+# --- poll ---------------------------------------------------------------------------------------
+
+
+@responses.activate
+def test_one_list_call_answers_for_every_handle() -> None:
+    responses.get(
+        f"{BASE}/pods",
+        json={
+            "pods": [
+                pod("p1", "RUNNING", name="trainhub-a-a1"),
+                pod("p2", "STARTING", name="trainhub-b-a1"),
+                pod("p3", "EXITED", name="trainhub-c-a1"),
+                pod("nb", "RUNNING", name="my-notebook"),
+            ]
+        },
+        match=[matchers.query_param_matcher({})],
+    )
+    handles = [Handle(f"p{i}", f"trainhub-{c}-a1") for i, c in zip((1, 2, 3), "abc", strict=True)]
+    states = adapter().poll([*handles, Handle("gone", "trainhub-d-a1")])
+    assert len(responses.calls) == 1
+    assert {k: s.status for k, s in states.items()} == {
+        "p1": RemoteStatus.RUNNING,
+        "p2": RemoteStatus.PENDING,
+        "p3": RemoteStatus.LOST,
+        "gone": RemoteStatus.LOST,
+    }
+
+
+RUNNING_NO_SSH = {**pod("p1", "RUNNING"), "ssh": None}
+RUNNING_PROXY_ONLY = {
+    **pod("p1", "RUNNING"),
+    "ssh": {**pod("p1", "RUNNING")["ssh"], "direct": None},
+}
+
+
+@pytest.mark.parametrize(
+    ("listed", "status", "ssh"),
+    [
+        (pod("p1", "PROVISIONING"), RemoteStatus.PENDING, None),
+        (pod("p1", "STARTING"), RemoteStatus.PENDING, None),
+        (pod("p1", "RUNNING"), RemoteStatus.RUNNING, SshAddress("195.26.233.3", 34446, "root")),
+        (RUNNING_NO_SSH, RemoteStatus.PENDING, None),
+        (RUNNING_PROXY_ONLY, RemoteStatus.PENDING, None),  # the proxy cannot scp: not enough
+        (pod("p1", "EXITED"), RemoteStatus.LOST, None),
+        (pod("p1", "ERROR"), RemoteStatus.LOST, None),
+        (pod("p1", "TERMINATED"), RemoteStatus.LOST, None),
+        (pod("other", "RUNNING"), RemoteStatus.LOST, None),  # p1 is not listed
+        ({**pod("p1", "RUNNING"), "status": "MIGRATING"}, RemoteStatus.PENDING, None),
+    ],
+    ids=[
+        "provisioning",
+        "starting",
+        "running-direct",
+        "running-ssh-null",
+        "running-proxy-only",
+        "exited",
+        "error",
+        "terminated",
+        "missing",
+        "unknown",
+    ],
+)
+@responses.activate
+def test_status_map(listed: dict[str, Any], status: RemoteStatus, ssh: SshAddress | None) -> None:
+    responses.get(f"{BASE}/pods", json={"pods": [listed]})
+    state = adapter().poll([Handle("p1", NAME)])["p1"]
+    assert (state.status, state.ssh) == (status, ssh)
+    assert state.message
+
+
+# --- cancel -------------------------------------------------------------------------------------
+
+
+@responses.activate
+def test_cancel_deletes_the_pod() -> None:
+    responses.delete(f"{BASE}/pods/p1", status=204)
+    assert adapter().cancel(Handle("p1", NAME)) is None
+    (call,) = responses.calls
+    assert (call.request.method, call.request.url) == ("DELETE", f"{BASE}/pods/p1")
+    assert call.request.headers["Authorization"] == f"Bearer {KEY}"
+
+
+@responses.activate
+def test_cancel_of_a_pod_runpod_does_not_know_is_success() -> None:
+    responses.delete(
+        f"{BASE}/pods/gone1", status=404, json=problem(404, "Not Found", "resource not found")
+    )
+    adapter().cancel(Handle("gone1", NAME))  # no error
+    assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_a_5xx_to_delete_is_retried_because_delete_is_idempotent(sleeps: Sleeps) -> None:
+    responses.delete(f"{BASE}/pods/p1", status=500, body=HTML_502, content_type="text/html")
+    responses.delete(f"{BASE}/pods/p1", status=204)
+    adapter(sleep=sleeps).cancel(Handle("p1", NAME))
+    assert len(responses.calls) == 2 and len(sleeps) == 1
+
+
+# --- list_instances -----------------------------------------------------------------------------
+
+
+@responses.activate
+def test_list_instances_is_our_pods_that_still_exist() -> None:
+    responses.get(
+        f"{BASE}/pods",
+        json={
+            "pods": [
+                pod("p1", "RUNNING", name="trainhub-ftjob-a-a1"),
+                pod("p2", "TERMINATED", name="trainhub-ftjob-b-a1"),
+                pod("p3", "EXITED", name="trainhub-ftjob-c-a3"),
+                pod("p4", "PROVISIONING", name="trainhub-ftjob-d-a1"),
+                pod("nb", "RUNNING", name="my-notebook"),
+                pod("x", "RUNNING", name="not-trainhub-ftjob-e-a1"),
+            ]
+        },
+    )
+    assert adapter().list_instances() == [
+        Handle("p1", "trainhub-ftjob-a-a1"),
+        Handle("p3", "trainhub-ftjob-c-a3"),
+        Handle("p4", "trainhub-ftjob-d-a1"),
+    ]
+    assert len(responses.calls) == 1
+
+
+# --- rate limits --------------------------------------------------------------------------------
+
+
+@responses.activate
+def test_a_429_is_waited_out_for_its_retry_after(sleeps: Sleeps) -> None:
+    responses.get(
+        f"{BASE}/pods",
+        status=429,
+        headers={"Retry-After": "2", "RateLimit-Policy": '"minute";q=60;w=60'},
+        json=problem(429, "Too Many Requests", "rate limit exceeded for the minute window"),
+    )
+    responses.get(f"{BASE}/pods", json={"pods": [pod("p1", "RUNNING")]})
+    state = adapter(sleep=sleeps).poll([Handle("p1", NAME)])["p1"]
+    assert state.status is RemoteStatus.RUNNING
+    assert len(responses.calls) == 2
+    assert len(sleeps) == 1 and 2.0 <= sleeps[0] <= 2.3, "Retry-After plus a little jitter"
+
+
+@responses.activate
+def test_a_retry_after_past_the_policy_goes_back_to_the_caller(sleeps: Sleeps) -> None:
+    wait = int(RetryPolicy().retry_after_max_seconds) + 60
+    responses.get(
+        f"{BASE}/pods",
+        status=429,
+        headers={"Retry-After": str(wait)},
+        json=problem(429, "Too Many Requests", "rate limit exceeded for the hour window"),
+    )
+    error = raised(RateLimited, lambda: adapter(sleep=sleeps).poll([Handle("p1", NAME)]))
+    assert isinstance(error, RateLimited) and error.retry_after == wait
+    assert sleeps == [] and len(responses.calls) == 1
