@@ -431,6 +431,8 @@ def providers_reconcile() -> int:
     returns how many were terminated. One listing per target and credential."""
     terminated = 0
     for target in registry.cloud_targets():
+        if target.misconfiguration():
+            continue  # nothing can have been launched on it as configured
         for project in _projects_with_credentials(target):
             try:
                 adapter = adapter_for(target, project)
