@@ -35,7 +35,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import signal
@@ -50,11 +49,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-import psycopg
 import requests
-from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_database_url, database_recreate, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "trainhub_dispatch_bench"
@@ -78,34 +78,6 @@ _TASK_DONE = re.compile(r"Task gpu_worker\.run_attempt\[[^\]]+\] (succeeded|rais
 
 class BenchError(Exception):
     """The bench could not run (a process died, something timed out)."""
-
-
-# --- database -------------------------------------------------------------------------------
-
-
-def bench_database_url(cli: str | None) -> str:
-    if cli:
-        return cli
-    if os.environ.get("BENCH_DISPATCH_DATABASE_URL"):
-        return os.environ["BENCH_DISPATCH_DATABASE_URL"]
-    url = os.environ.get("DATABASE_URL", "")
-    if url.startswith(("postgres://", "postgresql://")):
-        return urlunsplit(urlsplit(url)._replace(path="/" + DB_NAME))
-    return f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-
-
-def database_recreate(url: str) -> str:
-    """Drop and create the bench database; returns the server's version line."""
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        row = conn.execute("SELECT version()").fetchone()
-    return str(row[0]).split(" on ")[0] if row else "PostgreSQL"
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -565,24 +537,6 @@ def summary(values: list[float]) -> str:
     )
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    commit = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],  # noqa: S607
-            cwd=ROOT, capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-    return f"{os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}" + (
-        f"; code at {commit}" if commit else ""
-    )
-
-
 def report_dispatch(rows: list[Stamps], warm: list[Stamps], pool: str) -> bool:
     def values(name: str, since: str = "t0") -> list[float]:
         return [v for v in (r.ms(name, since) for r in rows) if v is not None]
@@ -668,7 +622,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.jobs < 1 or args.warmup < 0 or args.first_step < 0:
         ap.error("--jobs must be >= 1, --warmup and --first-step >= 0")
-    args.url = bench_database_url(args.database_url)
+    args.url = bench_database_url(
+        args.database_url, env="BENCH_DISPATCH_DATABASE_URL", name=DB_NAME
+    )
     if "dispatch_bench" not in urlsplit(args.url).path:
         ap.error(f"refusing to drop {args.url}: the database's name must contain 'dispatch_bench'")
     if args.broker_url.rstrip("/").endswith("/1"):
@@ -684,7 +640,7 @@ def main() -> int:
     ok_run = False
     try:
         pg = database_recreate(args.url)
-        print(f"{machine()}\n{pg}; broker {args.broker_url}; work dir {tmp}")
+        print(f"{machine(ROOT)}\n{pg}; broker {args.broker_url}; work dir {tmp}")
         bench.start()
         print(f"ready after {time.monotonic() - started:.0f} s; timing {args.jobs} jobs...")
         tasks, warm, rows = 0, [], []

@@ -71,6 +71,7 @@ class RunpodServerless:
         # Status calls take tens of milliseconds each: thousands per cycle need them in flight
         # together (the shared rate limiter still paces them).
         self._concurrency = concurrency
+        self._pool: ThreadPoolExecutor | None = None
 
     def launch(self, request: LaunchRequest) -> Handle:
         run_ms = min(MAX_POLICY_MS, (request.max_runtime_seconds + STOP_ALLOWANCE_SECONDS) * 1000)
@@ -93,8 +94,9 @@ class RunpodServerless:
         (its state is unknown this cycle: the next poll asks again)."""
         if len(handles) <= 1:
             return dict(filter(None, map(self._status, handles)))
-        with ThreadPoolExecutor(min(self._concurrency, len(handles))) as pool:
-            return dict(filter(None, pool.map(self._status, handles)))
+        if self._pool is None:  # kept across polls: its threads keep their connections open
+            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="runpod-status")
+        return dict(filter(None, self._pool.map(self._status, handles)))
 
     def _status(self, handle: Handle) -> tuple[str, RemoteState] | None:
         try:

@@ -96,6 +96,7 @@ class JobAttempt(models.Model):
         default=0, help_text="Bytes of the remote events file already read (SSH executors)."
     )
     next_poll_at = models.DateTimeField(null=True, blank=True)
+    polled_at = models.DateTimeField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     launch_unconfirmed_at = models.DateTimeField(
         null=True,

@@ -18,7 +18,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -56,6 +56,8 @@ S = JobStatus
 ALIVE = (RemoteStatus.PENDING, RemoteStatus.RUNNING)
 # Seconds between two polls of one attempt: a machine still starting changes less often.
 POLL_EVERY = {RemoteStatus.PENDING: 30, RemoteStatus.RUNNING: 15}
+# Attempts per provider call in a poll cycle (a chunk's states are applied before the next).
+POLL_CHUNK = 200
 # Launches that surely did not happen are retried after these delays; then the lease decides.
 LAUNCH_RETRY_SECONDS = (5, 15, 30, 60, 120)
 # After a launch call that may have been applied: how long to wait before looking again.
@@ -264,17 +266,25 @@ def attempts_poll_target(*, target: str) -> int:
     if entry is None or entry.adapter_factory is None:
         return 0
     now = timezone.now()
+    # Least recently polled first: when the budget is short, every attempt waits alike (a
+    # round robin); when it is not, pending ones are due less often (POLL_EVERY).
     due = list(
         _polled_attempts()
         .filter(target=target)
         .filter(Q(next_poll_at__isnull=True) | Q(next_poll_at__lte=now))
-        .order_by(F("next_poll_at").asc(nulls_first=True), "pk")[: entry.poll_batch]
+        .order_by(F("polled_at").asc(nulls_first=True), "pk")[: entry.poll_batch]
     )
     by_project: dict[int, list[JobAttempt]] = defaultdict(list)
     for attempt in due:
         by_project[attempt.job.project_id].append(attempt)
+    # The next poll counts from the cycle's start (less a second of beat jitter): counted from
+    # the end of a chunk, it would just miss the tick it is due at and wait 10 s more.
+    cycle = now - timedelta(seconds=1)
     for attempts in by_project.values():
-        _poll(entry, attempts)
+        adapter = _adapter_or_end(entry, attempts)
+        # In chunks, so a state is applied a moment after its answer, not after the whole batch.
+        for start in range(0, len(attempts) if adapter else 0, POLL_CHUNK):
+            _poll(entry, adapter, attempts[start : start + POLL_CHUNK], cycle)
     return len(due)
 
 
@@ -283,7 +293,9 @@ def attempt_poll(*, attempt_pk: int) -> None:
     attempt = _polled_attempts().filter(pk=attempt_pk).first()
     entry = registry.get(attempt.target) if attempt is not None else None
     if attempt is not None and entry is not None and entry.adapter_factory is not None:
-        _poll(entry, [attempt])
+        adapter = _adapter_or_end(entry, [attempt])
+        if adapter is not None:
+            _poll(entry, adapter, [attempt], timezone.now())
 
 
 def _polled_attempts() -> Any:
@@ -294,17 +306,34 @@ def _polled_attempts() -> Any:
     )
 
 
-def _poll(target: registry.Target, attempts: list[JobAttempt]) -> None:
+def _adapter_or_end(target: registry.Target, attempts: list[JobAttempt]) -> Any:
+    """The adapter of the attempts' project; None (and the attempts ended) without a key."""
     try:
-        adapter = adapter_for(target, attempts[0].job.project)
+        return adapter_for(target, attempts[0].job.project)
+    except MissingCredentials as exc:
+        _end_unreachable(attempts, exc)
+        return None
+
+
+def _end_unreachable(attempts: list[JobAttempt], exc: Exception) -> None:
+    for attempt in attempts:
+        attempt_end(
+            attempt=attempt,
+            reason=EndReason.PROVIDER_ERROR,
+            message=f"cannot reach the machine: {exc}",
+        )
+
+
+def _poll(
+    target: registry.Target,
+    adapter: ProviderAdapter,
+    attempts: list[JobAttempt],
+    cycle: datetime,
+) -> None:
+    try:
         states = adapter.poll([_handle(a) for a in attempts])
-    except (MissingCredentials, InvalidCredentials) as exc:  # revoked: no poll will work again
-        for attempt in attempts:
-            attempt_end(
-                attempt=attempt,
-                reason=EndReason.PROVIDER_ERROR,
-                message=f"cannot reach the machine: {exc}",
-            )
+    except InvalidCredentials as exc:  # revoked: no poll will work again
+        _end_unreachable(attempts, exc)
         return
     except ProviderError as exc:  # unknown this cycle; the lease bounds how long that may last
         log.warning("poll of %d %s attempt(s) failed: %s", len(attempts), target.name, exc)
@@ -320,7 +349,7 @@ def _poll(target: registry.Target, attempts: list[JobAttempt]) -> None:
     lease = now + timedelta(seconds=settings.TRAINHUB_LEASE_TTL_SECONDS)
     for seconds, pks in alive.items():  # one UPDATE per interval, not one per attempt
         JobAttempt.objects.filter(pk__in=pks, ended_at__isnull=True).update(
-            lease_expires_at=lease, next_poll_at=now + timedelta(seconds=seconds)
+            lease_expires_at=lease, polled_at=now, next_poll_at=cycle + timedelta(seconds=seconds)
         )
 
 

@@ -182,7 +182,7 @@ def test_an_unconfirmed_launch_whose_bundle_arrived_is_verified_not_relaunched(
 # --- polls ------------------------------------------------------------------------------------
 
 
-def test_polls_take_the_most_overdue_attempts_within_the_budget(make_job, settings, sent) -> None:
+def test_polls_take_the_least_recently_polled_attempts_within_the_budget(make_job, settings, sent) -> None:
     settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
     fake = register_fake("small-budget", poll_batch=2)
     try:
@@ -190,7 +190,7 @@ def test_polls_take_the_most_overdue_attempts_within_the_budget(make_job, settin
         now = timezone.now()
         for minutes, attempt in zip((1, 3, 2), attempts, strict=True):
             JobAttempt.objects.filter(pk=attempt.pk).update(
-                next_poll_at=now - timedelta(minutes=minutes)
+                next_poll_at=now, polled_at=now - timedelta(minutes=minutes)
             )
         fake.set_state(attempts[1].provider_instance_id, RemoteStatus.RUNNING)
 
