@@ -182,7 +182,9 @@ def test_an_unconfirmed_launch_whose_bundle_arrived_is_verified_not_relaunched(
 # --- polls ------------------------------------------------------------------------------------
 
 
-def test_polls_take_the_least_recently_polled_attempts_within_the_budget(make_job, settings, sent) -> None:
+def test_polls_take_the_least_recently_polled_attempts_within_the_budget(
+    make_job, settings, sent
+) -> None:
     settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
     fake = register_fake("small-budget", poll_batch=2)
     try:
