@@ -8,12 +8,17 @@ The test process plays beat (it sends the poll task) and RunPod's image (it appe
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from gpu_worker import celery_conf as cc
 from gpu_worker.bundle import verify_bundle
@@ -52,9 +57,23 @@ def pod_plane(plane, settings, control_worker_env, project) -> Process:
     return plane
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _machines_die_with_their_pods(control_worker_env) -> Iterator[None]:
+    yield
+    _kill_executors(Path(control_worker_env["TRAINHUB_REMOTE_DIR"]).glob("*"))
+
+
+def _kill_executors(attempt_dirs: Iterable[Path]) -> None:
+    """What deleting a pod does to its processes; the "pod" here is this machine's sshd."""
+    for directory in attempt_dirs:
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int((directory / "pid").read_text()), signal.SIGKILL)
+
+
 def _beat(fake: FakeRunpod, sshd: Any) -> None:
-    """One tick: RunPod's image installs the pods' keys; beat asks for a poll (every attempt
-    due now, so the test does not wait out the 15-30 s poll intervals)."""
+    """One tick: RunPod's image installs the pods' keys, and a deleted pod's processes die;
+    beat asks for a poll (every attempt due now, so the test does not wait out the 15-30 s
+    poll intervals)."""
     from trainhub.celery import app
 
     keys = sshd.authorized_keys.read_text()
@@ -63,6 +82,9 @@ def _beat(fake: FakeRunpod, sshd: Any) -> None:
         if key and key not in keys:
             with sshd.authorized_keys.open("a") as out:
                 out.write(key + "\n")
+    remote = Path(settings.TRAINHUB_REMOTE_DIR)
+    gone = [p for p in fake.pods(include_terminated=True) if p["status"] == "TERMINATED"]
+    _kill_executors(remote / p["name"].removeprefix("trainhub-") for p in gone)
     JobAttempt.objects.filter(ended_at__isnull=True).update(next_poll_at=None)
     app.send_task(cc.POLL_TARGET, args=[TARGET])
 
@@ -144,6 +166,7 @@ def test_cancel_while_training_deletes_the_pod_then_cancels(
         pod_plane,
     )
     assert not _pods_of(fake_runpod, job_id)
+    _beat(fake_runpod, sshd)  # the deleted pod's processes die with it
     assert JobAttempt.objects.get(job=job).end_reason == "cancelled"
     assert _statuses(job)[-2:] == ["cancelling", "cancelled"]
 
