@@ -10,6 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Every rented machine is named trainhub-<job>-a<attempt>: how the reconciler recognises ours.
+MACHINE_PREFIX = "trainhub-"
+
 
 class RemoteStatus(enum.StrEnum):
     PENDING = "pending"  # accepted, machine not ready yet

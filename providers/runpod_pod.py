@@ -22,13 +22,19 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus, SshAddress
+from providers.base import (
+    MACHINE_PREFIX,
+    Handle,
+    LaunchRequest,
+    RemoteState,
+    RemoteStatus,
+    SshAddress,
+)
 from providers.errors import InstanceNotFound, NoCapacity, PermanentProviderError
 from providers.http import ProviderHTTP
 from providers.ratelimit import shared_limiter
 
 DEFAULT_URL = "https://api.runpod.io/v2"
-NAME_PREFIX = "trainhub-"
 # Not documented for REST v2; a conservative share of the v1 REST limits.
 RATE_LIMITS: dict[str, tuple[int, float]] = {"default": (90, 10.0)}
 
@@ -131,7 +137,7 @@ class RunpodPods:
         return [
             Handle(instance_id=p["id"], name=p.get("name", ""))
             for p in self._list()
-            if str(p.get("name", "")).startswith(NAME_PREFIX) and p.get("status") != "TERMINATED"
+            if str(p.get("name", "")).startswith(MACHINE_PREFIX) and p.get("status") != "TERMINATED"
         ]
 
     def _list(self, **params: str) -> list[dict[str, Any]]:

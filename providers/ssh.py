@@ -54,8 +54,14 @@ def generate_keypair() -> tuple[str, str]:
     'ssh-ed25519 AAAA... trainhub')."""
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption())
+    return private.decode(), public_key_of(private.decode())
+
+
+def public_key_of(private_key: str, comment: str = "trainhub") -> str:
+    """The 'ssh-ed25519 AAAA... comment' line of an OpenSSH PEM private key."""
+    key = ser.load_ssh_private_key(private_key.encode(), password=None)
     public = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH)
-    return private.decode(), public.decode() + " trainhub"
+    return f"{public.decode()} {comment}"
 
 
 def fingerprint(key_line: str) -> str:

@@ -48,6 +48,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes], log: Path, name: str, timeout: float
+) -> None:
+    """Until ``proc`` accepts connections on 127.0.0.1:``port``; its log in the error if not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.05)
+
+
 @contextmanager
 def moto_s3_server(log: Path, timeout: float = 30.0) -> Iterator[str]:
     """moto's S3 API as a real HTTP server process on loopback; yields its endpoint URL.
@@ -63,15 +78,7 @@ def moto_s3_server(log: Path, timeout: float = 30.0) -> Iterator[str]:
         )  # fmt: skip
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.1)
+        wait_for_port(port, proc, log, "moto", timeout)
         yield endpoint
     finally:
         proc.terminate()
@@ -119,15 +126,7 @@ def sshd_server(
             [str(SSHD), "-D", "-e", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.05)
+        wait_for_port(port, proc, log, "sshd", timeout)
         kind, blob = Path(f"{host_key}.pub").read_text().split()[:2]
         yield port, f"{kind} {blob}"
     finally:

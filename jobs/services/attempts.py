@@ -21,6 +21,7 @@ from jobs.models import JobAttempt, TrainingJob
 from jobs.services.events import clean_executor_event, event_append, events_store
 from jobs.services.jobs import job_transition
 from jobs.states import EndReason, JobStatus
+from providers.base import MACHINE_PREFIX
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -32,6 +33,19 @@ def _lease_deadline() -> Any:
 
 def attempt_live(*, job: TrainingJob) -> JobAttempt | None:
     return job.attempts.filter(ended_at__isnull=True).first()
+
+
+def machine_name(attempt: JobAttempt) -> str:
+    """What a rented machine is called: how the reconciler recognises ours."""
+    return f"{MACHINE_PREFIX}{attempt.job.public_id}-a{attempt.number}"
+
+
+def parse_machine_name(name: str) -> tuple[str, int] | None:
+    """(job public id, attempt number) of one of our machine names; None for any other."""
+    job_id, _, number = name.removeprefix(MACHINE_PREFIX).rpartition("-a")
+    if not name.startswith(MACHINE_PREFIX) or not job_id or not number.isdigit():
+        return None
+    return job_id, int(number)
 
 
 def attempt_start(*, job: TrainingJob, target: str, node_name: str = "") -> JobAttempt:

@@ -37,7 +37,10 @@ from jobs.services.attempts import (
     attempt_end,
     attempt_record_events,
     attempt_start,
+    machine_name,
+    parse_machine_name,
 )
+from jobs.services.dispatch import attempt_spec
 from jobs.services.events import event_append
 from jobs.services.projects import credential_secrets
 from jobs.states import TERMINAL, EndReason, JobStatus
@@ -69,10 +72,6 @@ WEBHOOK_SALT = "trainhub.provider-webhook"
 
 class MissingCredentials(Exception):
     pass
-
-
-def machine_name(attempt: JobAttempt) -> str:
-    return f"trainhub-{attempt.job.public_id}-a{attempt.number}"
 
 
 def _handle(attempt: JobAttempt) -> Handle:
@@ -166,7 +165,7 @@ def attempt_provision(*, attempt_pk: int, try_number: int = 0) -> None:
     try:
         adapter = adapter_for(target, job.project)
         handle = adapter.launch(_launch_request(attempt, target))
-    except (NoCapacity, InvalidCredentials, MissingCredentials, ProviderError) as exc:
+    except (MissingCredentials, ProviderError) as exc:
         _launch_failed(attempt, target, exc, try_number)
         return
     JobAttempt.objects.filter(pk=attempt.pk).update(
@@ -189,8 +188,6 @@ def attempt_provision(*, attempt_pk: int, try_number: int = 0) -> None:
 
 
 def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchRequest:
-    from jobs.services.dispatch import attempt_spec
-
     job = attempt.job
     return LaunchRequest(
         job_id=job.public_id,
@@ -252,9 +249,13 @@ def _adopt_finished_run(attempt: JobAttempt) -> None:
         message=f"Attempt {attempt.number}'s unconfirmed launch did run: its bundle is stored.",
         data={"attempt": attempt.number},
     )
-    apply_reported_status(attempt, "running", {}, "")
-    job.refresh_from_db()
-    apply_reported_status(attempt, "succeeded", {}, "")
+    _report_finished(attempt)
+
+
+def _report_finished(attempt: JobAttempt, message: str = "") -> None:
+    """The run finished; it may never have been seen running (it ran between two polls)."""
+    apply_reported_status(attempt, "running", {}, "")  # only moves a job still provisioning
+    apply_reported_status(attempt, "succeeded", {}, message)
 
 
 # --- poll -------------------------------------------------------------------------------------
@@ -370,10 +371,7 @@ def _apply_remote_state(
             apply_reported_status(attempt, "running", {}, state.message)
         return True
     if state.status == RemoteStatus.SUCCEEDED:
-        if job.status == S.PROVISIONING:  # finished between two polls
-            apply_reported_status(attempt, "running", {}, "")
-            job.refresh_from_db(fields=["status"])
-        apply_reported_status(attempt, "succeeded", {}, state.message)
+        _report_finished(attempt, state.message)
     elif state.status == RemoteStatus.FAILED:
         apply_reported_status(attempt, "failed", {"code": state.error_code}, state.message)
     elif state.status == RemoteStatus.CANCELLED:
@@ -525,12 +523,11 @@ def _reconcile_machine(target: registry.Target, adapter: ProviderAdapter, handle
 
 
 def _launch_in_flight(name: str) -> bool:
-    job_id, _, number = name.removeprefix("trainhub-").rpartition("-a")
-    return (
-        number.isdigit()
-        and JobAttempt.objects.filter(
-            job__public_id=job_id,
-            number=int(number),
+    parsed = parse_machine_name(name)
+    return parsed is not None and (
+        JobAttempt.objects.filter(
+            job__public_id=parsed[0],
+            number=parsed[1],
             ended_at__isnull=True,
             provider_instance_id="",
         ).exists()
@@ -538,5 +535,5 @@ def _launch_in_flight(name: str) -> bool:
 
 
 def _job_of(name: str) -> TrainingJob | None:
-    public_id = name.removeprefix("trainhub-").rpartition("-a")[0]
-    return TrainingJob.objects.filter(public_id=public_id).first() if public_id else None
+    parsed = parse_machine_name(name)
+    return TrainingJob.objects.filter(public_id=parsed[0]).first() if parsed else None

@@ -14,13 +14,13 @@ import contextlib
 import logging
 from datetime import timedelta
 
-from cryptography.hazmat.primitives import serialization
 from django.conf import settings
 from django.utils import timezone
 
 from jobs import crypto
 from jobs.models import JobAttempt
-from jobs.services.attempts import attempt_end, attempt_record_events
+from jobs.services.attempts import attempt_end, attempt_record_events, machine_name
+from jobs.services.dispatch import attempt_spec
 from jobs.states import EndReason, JobStatus
 from providers import ssh
 from providers.base import RemoteState, RemoteStatus, SshAddress
@@ -42,11 +42,7 @@ def _private_key(attempt: JobAttempt) -> str:
 
 
 def attempt_public_key(attempt: JobAttempt) -> str:
-    key = serialization.load_ssh_private_key(_private_key(attempt).encode(), password=None)
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    )
-    return f"{public.decode()} trainhub-{attempt.job.public_id}-a{attempt.number}"
+    return ssh.public_key_of(_private_key(attempt), comment=machine_name(attempt))
 
 
 def remote_dir(attempt: JobAttempt) -> str:
@@ -88,8 +84,6 @@ def attempt_drive(*, attempt: JobAttempt, state: RemoteState) -> None:
 def _start(
     attempt: JobAttempt, executor: ssh.RemoteExecutor, address: SshAddress, directory: str
 ) -> None:
-    from jobs.services.dispatch import attempt_spec
-
     spec = attempt_spec(
         attempt, sinks=[{"type": "jsonl", "path": f"{directory}/events.jsonl"}], public=True
     )

@@ -25,13 +25,11 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.http import ProviderHTTP, RetryPolicy
+from tests.providers import runpod_payloads
+from tests.providers.runpod_payloads import HTML_502
 
 KEY = "rpa_CONTRACT_KEY_9b2e4c7a51d3"  # distinctive: it must never appear in an error
 Sleep = Callable[[float], None]
-HTML_502 = (
-    "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1>"
-    "</center><hr><center>cloudflare</center></body></html>"
-)
 REQUEST = LaunchRequest(
     job_id="ftjob-x",
     attempt=2,
@@ -146,54 +144,13 @@ def _pods(base_url: str, sleep: Sleep) -> ProviderAdapter:
     return runpod_pod.RunpodPods(
         api_key=KEY,
         http=ProviderHTTP(provider="runpod-pod", base_url=base_url, sleep=sleep),
-        image="ghcr.io/trainhub/executor:1.4.0-cu128",
+        image=runpod_payloads.IMAGE,
         gpu_types=["NVIDIA H100 80GB HBM3=80", "NVIDIA A100 80GB PCIe=80"],
     )
 
 
 def _pod(pod_id: str, status: str) -> dict[str, object]:
-    """A v2 Pod: ``ssh.direct`` and ``runtime`` only while RUNNING, ``cost`` 0 once stopped."""
-    running = status == "RUNNING"
-    return {
-        "id": pod_id,
-        "name": REQUEST.name,
-        "image": "ghcr.io/trainhub/executor:1.4.0-cu128",
-        "args": "",
-        "disk": 80,
-        "ports": ["22/tcp"],
-        "env": {"PUBLIC_KEY": REQUEST.ssh_public_key},
-        "registry": None,
-        "status": status,
-        "actions": ["stop", "restart", "terminate"] if running else ["terminate"],
-        "mounts": {},
-        "gpu": {"id": "NVIDIA H100 80GB HBM3", "count": 1, "vcpuCount": 16, "memory": 125},
-        "cloud": "SECURE",
-        "dataCenterId": "US-TX-3",
-        "cudaVersion": "12.8",
-        "ssh": {
-            "proxy": {
-                "host": "ssh.runpod.io",
-                "port": 22,
-                "username": f"{pod_id}-64411eb2",
-                "command": f"ssh {pod_id}-64411eb2@ssh.runpod.io",
-            },
-            "direct": {
-                "host": "195.26.233.3",
-                "port": 34446,
-                "username": "root",
-                "command": "ssh root@195.26.233.3 -p 34446",
-            }
-            if running
-            else None,
-        },
-        "template": None,
-        "cost": 2.69 if status in ("PROVISIONING", "STARTING", "RUNNING") else 0.0,
-        "locked": False,
-        "globalNetworking": {"enabled": False},
-        "runtime": {"uptime": 60, "ports": []} if running else None,
-        "createdAt": "2026-09-30T12:00:00Z",
-        "startedAt": "2026-09-30T12:02:00Z" if running else None,
-    }
+    return runpod_payloads.pod(pod_id, status, name=REQUEST.name, public_key=REQUEST.ssh_public_key)
 
 
 POD_CASE = Case(

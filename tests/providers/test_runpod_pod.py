@@ -24,20 +24,16 @@ from providers.errors import (
 )
 from providers.http import ProviderHTTP, RetryPolicy
 from providers.runpod_pod import RunpodPods, gpu_candidates
+from tests.providers import runpod_payloads
+from tests.providers.runpod_payloads import H100, HTML_502, IMAGE
 
 BASE = "https://api.runpod.io/v2"
 KEY = "rpa_POD_KEY_7f3c9e1d"
 NAME = "trainhub-ftjob-x-a2"
-IMAGE = "ghcr.io/trainhub/executor:1.4.0-cu128"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJx1trainhubattempt2 trainhub-ftjob-x-a2"
-H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100 80GB PCIe"
 L40S = "NVIDIA L40S"
 CATALOG = [f"{H100}=80", f"{A100}=80", f"{L40S}=48"]
-HTML_502 = (
-    "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1>"
-    "</center><hr><center>cloudflare</center></body></html>"
-)
 
 
 class Sleeps(list[float]):
@@ -75,54 +71,7 @@ def request(gpu: dict[str, object] | None = None) -> LaunchRequest:
 
 
 def pod(pod_id: str, status: str, name: str = NAME, gpu: str = H100) -> dict[str, Any]:
-    """A v2 Pod as ``GET /v2/pods`` returns it; ``ssh.direct`` and ``runtime`` only once the
-    container runs, ``cost`` 0 once it is exited or terminated."""
-    running = status == "RUNNING"
-    return {
-        "id": pod_id,
-        "name": name,
-        "image": IMAGE,
-        "args": "",
-        "disk": 80,
-        "ports": ["22/tcp"],
-        "env": {"PUBLIC_KEY": PUBKEY},
-        "registry": None,
-        "status": status,
-        "actions": ["stop", "restart", "terminate"] if running else ["terminate"],
-        "mounts": {},
-        "gpu": {"id": gpu, "count": 1, "vcpuCount": 16, "memory": 125},
-        "cloud": "SECURE",
-        "dataCenterId": "US-TX-3",
-        "cudaVersion": "12.8",
-        "ssh": {
-            "proxy": {
-                "host": "ssh.runpod.io",
-                "port": 22,
-                "username": f"{pod_id}-64411eb2",
-                "command": f"ssh {pod_id}-64411eb2@ssh.runpod.io",
-            },
-            "direct": {
-                "host": "195.26.233.3",
-                "port": 34446,
-                "username": "root",
-                "command": "ssh root@195.26.233.3 -p 34446",
-            }
-            if running
-            else None,
-        },
-        "template": None,
-        "cost": 2.69 if status in ("PROVISIONING", "STARTING", "RUNNING") else 0.0,
-        "locked": False,
-        "globalNetworking": {"enabled": False},
-        "runtime": {
-            "uptime": 120,
-            "ports": [{"private": 22, "public": 34446, "type": "tcp", "ip": "195.26.233.3"}],
-        }
-        if running
-        else None,
-        "createdAt": "2026-09-30T12:00:00Z",
-        "startedAt": "2026-09-30T12:02:00Z" if running else None,
-    }
+    return runpod_payloads.pod(pod_id, status, name=name, public_key=PUBKEY, gpu=gpu)
 
 
 def problem(status: int, title: str, detail: str, **extra: object) -> dict[str, object]:
