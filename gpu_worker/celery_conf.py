@@ -20,6 +20,7 @@ CANCEL_JOB = "trainhub.cancel_job"
 PROVISION_ATTEMPT = "trainhub.provision_attempt"
 POLL_ATTEMPT = "trainhub.poll_attempt"
 RECONCILE_PROVIDERS = "trainhub.reconcile_providers"
+PLACE_WAITING = "trainhub.place_waiting"
 INGEST_ARTIFACT = "trainhub.ingest_artifact"
 EXPIRE_LEASES = "trainhub.expire_leases"
 RECORD_EVENTS = "trainhub.record_events"
@@ -40,6 +41,7 @@ FLEET_TICK_INTERVAL_SECONDS = 10
 NODE_HEARTBEAT_SECONDS = 30
 STORAGE_SWEEP_INTERVAL_SECONDS = 3600
 RECONCILE_INTERVAL_SECONDS = 180
+PLACE_INTERVAL_SECONDS = 30  # queued jobs waiting for a cloud offer are placed again
 
 # The longest job trainhub accepts (mirrors spec.MAX_RUNTIME_LIMIT_SECONDS). Redis redelivers an
 # unacked message after visibility_timeout, so it must exceed any training run; the database

@@ -71,7 +71,10 @@ class AttemptInline(ReadOnlyInline):
         "started_at",
         "ended_at",
         "end_reason",
+        "offer",
+        "launched_at",
         "billed_rate_per_hour",
+        "estimated_cost",
         "cost",
     )
 
@@ -121,6 +124,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
         "model",
         "target",
         "project",
+        "cost",
         "created_at",
         "finished_at",
     )
@@ -260,7 +264,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "max_concurrent_jobs", "created_at")
+    list_display = ("slug", "name", "max_concurrent_jobs", "max_spend_per_hour", "created_at")
     search_fields = ("slug", "name")
     inlines = [MembershipInline]
 

@@ -46,3 +46,10 @@ class InvalidTransition(Conflict):
         )
         self.current = current
         self.target = target
+
+
+class ProviderUnavailable(ServiceError):
+    """A cloud provider's API failed to answer a request made on the client's behalf."""
+
+    http_status = 502
+    error_type = "server_error"

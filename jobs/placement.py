@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from jobs.errors import InvalidRequest
@@ -23,6 +24,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 MAX_GPUS = 64
 MIB_IN_GB = 2**20 / 1e9
 MAX_SELECTOR_LABELS = 16
+MAX_PRICE_PER_HOUR = 10_000  # USD: far above any machine sold, below a typo's scale
 
 
 def _bad(message: str, param: str) -> InvalidRequest:
@@ -60,6 +62,26 @@ def parse_gpu(data: object) -> dict[str, Any]:
     if ("name" in out or "min_vram_gb" in out) and "count" not in out:
         out["count"] = 1  # naming a GPU asks for one
     return out
+
+
+def parse_price(data: object) -> Decimal | None:
+    """Validate ``max_price_per_hour`` (USD per hour for the whole machine)."""
+    if data is None:
+        return None
+    if not isinstance(data, int | float | str) or isinstance(data, bool):
+        raise _bad(
+            "max_price_per_hour must be a number of USD per hour, e.g. 2.5.", "max_price_per_hour"
+        )
+    try:
+        price = Decimal(str(data))
+    except InvalidOperation:
+        raise _bad(f"max_price_per_hour {data!r} is not a number.", "max_price_per_hour") from None
+    if not price.is_finite() or not 0 < price <= MAX_PRICE_PER_HOUR:
+        raise _bad(
+            f"max_price_per_hour must be above 0 and at most {MAX_PRICE_PER_HOUR} (USD per hour).",
+            "max_price_per_hour",
+        )
+    return price.quantize(Decimal("0.0001"))
 
 
 def parse_node_selector(data: object) -> dict[str, str]:
@@ -110,3 +132,24 @@ def misfit(gpu: Mapping[str, Any], selector: Mapping[str, str], node: Any) -> st
         if not fnmatch.fnmatchcase(str(labels[key]), pattern):
             return f"label {key}={labels[key]} does not match {pattern}"
     return None
+
+
+def offer_misfit(gpu: Mapping[str, Any], offer: Any) -> str | None:
+    """Why a cloud ``offer`` (providers.base.Offer) cannot run a job with these needs, or None.
+    More GPUs than asked still fit (clouds sell fixed counts per machine; they are paid for)."""
+    need = int(gpu.get("count") or 0)
+    if need > offer.gpu_count:
+        return f"has {offer.gpu_count} GPU(s), the job needs {need}"
+    if need and "min_vram_gb" in gpu and offer.vram_gb < gpu["min_vram_gb"]:
+        return f"has {offer.vram_gb:g} GB per GPU, the job needs {gpu['min_vram_gb']:g} GB"
+    if need and "name" in gpu and not _name_matches(offer.gpu_name, gpu["name"]):
+        return f"has {offer.gpu_name}, the job needs {gpu['name']}"
+    return None
+
+
+def _name_matches(name: str, pattern: str) -> bool:
+    """Provider GPU names differ in case and spacing ("RTX 4090", "NVIDIA GeForce RTX 4090")."""
+    name, pattern = name.lower(), pattern.lower()
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(
+        name.replace(" ", "_"), pattern.replace(" ", "_")
+    )

@@ -58,6 +58,8 @@ class EndReason(enum.StrEnum):
     LEASE_EXPIRED = "lease_expired"
     NO_CAPACITY = "no_capacity"
     PREEMPTED = "preempted"
+    # the provider bills more than the job's max_price_per_hour: stopped, another offer is tried
+    PRICE_CAP_EXCEEDED = "price_cap_exceeded"
     # permanent: the job fails
     INVALID_DATASET = "invalid_dataset"
     INVALID_MODEL = "invalid_model"
@@ -75,5 +77,11 @@ class EndReason(enum.StrEnum):
 
 
 RETRYABLE: frozenset[EndReason] = frozenset(
-    {EndReason.WORKER_LOST, EndReason.LEASE_EXPIRED, EndReason.NO_CAPACITY, EndReason.PREEMPTED}
+    {
+        EndReason.WORKER_LOST,
+        EndReason.LEASE_EXPIRED,
+        EndReason.NO_CAPACITY,
+        EndReason.PREEMPTED,
+        EndReason.PRICE_CAP_EXCEEDED,
+    }
 )

@@ -8,7 +8,17 @@ from celery import shared_task
 
 from gpu_worker import celery_conf as cc
 from jobs.locks import try_lock
-from jobs.services import artifacts, attempts, cloud, dispatch, files, nodes, retention
+from jobs.services import (
+    artifacts,
+    attempts,
+    cloud,
+    dispatch,
+    files,
+    launch,
+    nodes,
+    placing,
+    retention,
+)
 from providers import registry
 
 log = logging.getLogger(__name__)
@@ -21,12 +31,12 @@ def validate_file(file_pk: int) -> None:
 
 @shared_task(name=cc.SUBMIT_ATTEMPT, ignore_result=True)
 def submit_attempt(job_pk: int) -> None:
-    cloud.attempt_launch(job_pk=job_pk)
+    placing.job_place(job_pk=job_pk)
 
 
 @shared_task(name=cc.PROVISION_ATTEMPT, ignore_result=True)
 def provision_attempt(attempt_pk: int, try_number: int = 0) -> None:
-    cloud.attempt_provision(attempt_pk=attempt_pk, try_number=try_number)
+    launch.attempt_provision(attempt_pk=attempt_pk, try_number=try_number)
 
 
 @shared_task(name=cc.POLL_ATTEMPT, ignore_result=True)
@@ -40,6 +50,13 @@ def reconcile_providers() -> None:
         if acquired:
             terminated = cloud.providers_reconcile()
             log.info("reconciler: %d orphaned machine(s) terminated", terminated)
+
+
+@shared_task(name=cc.PLACE_WAITING, ignore_result=True)
+def place_waiting() -> None:
+    with try_lock("place-waiting", ttl_seconds=cc.PLACE_INTERVAL_SECONDS * 6) as acquired:
+        if acquired:
+            placing.jobs_place_waiting()
 
 
 @shared_task(name=cc.POLL_ACTIVE_ATTEMPTS, ignore_result=True)

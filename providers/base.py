@@ -33,6 +33,24 @@ class SshAddress:
 
 
 @dataclass(frozen=True)
+class Offer:
+    """A machine a provider would rent now, at a price. ``offer_id`` is what ``launch`` needs
+    to rent exactly this one (a Vast ask id, a Lambda ``<instance type>@<region>``)."""
+
+    target: str  # the registry target that launches it
+    offer_id: str
+    gpu_name: str
+    gpu_count: int
+    vram_gb: float  # per GPU, decimal GB as sold
+    price_per_hour: float  # on-demand USD per hour for the whole machine
+    spot_price_per_hour: float | None = None  # the lowest bid, where the provider has spot
+    available: bool = True  # False: listed, but the provider has no capacity for it now
+    region: str = ""
+    machine_id: str = ""  # the physical host where the provider exposes it (Vast)
+    details: Mapping[str, object] = field(default_factory=dict)  # reliability, CUDA, vCPUs...
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     job_id: str
     attempt: int
@@ -42,6 +60,9 @@ class LaunchRequest:
     gpu: Mapping[str, object] = field(default_factory=dict)  # the job's {count, min_vram_gb, name}
     ssh_public_key: str = ""  # VM-style providers: the key the machine must accept
     webhook_url: str = ""  # where the provider may report completion ('' = poll only)
+    # Rent exactly this offer (targets with offers; placement chose it). None: the adapter's
+    # own choice (targets without a price list).
+    offer: Offer | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +80,7 @@ class RemoteState:
     error_code: str = ""  # an EndReason value when status is FAILED
     events: tuple[dict[str, object], ...] = ()
     ssh: SshAddress | None = None  # VM-style machines, once they accept SSH
+    price_per_hour: float | None = None  # the rate the provider bills, where it says
 
 
 class ProviderAdapter(Protocol):
@@ -76,4 +98,14 @@ class ProviderAdapter(Protocol):
 
     def list_instances(self) -> list[Handle]:
         """Every machine of ours the account still has (names start with ``trainhub-``)."""
+        ...
+
+
+class OfferSource(Protocol):
+    """Adapters of targets with a price list (``Target.has_offers``) also answer this."""
+
+    def offers(self, gpu: Mapping[str, object]) -> list[Offer]:
+        """What the provider would rent now for the job's ``gpu`` needs ({count, min_vram_gb,
+        name glob}), available or not, cheapest first. A coarse filter: the control plane
+        checks every offer against the needs again (jobs.placement) and says why it skips one."""
         ...

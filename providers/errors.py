@@ -13,11 +13,21 @@ class ProviderError(Exception):
 
     retryable = False
 
-    def __init__(self, message: str, *, provider: str = "", status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status: int | None = None,
+        code: str = "",
+        body: object = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.provider = provider
         self.status = status
+        self.code = code  # the provider's machine-readable error code, where it sends one
+        self.body = body  # the decoded JSON error body (a Vast create error may name an id)
 
 
 class InvalidCredentials(ProviderError):

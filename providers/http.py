@@ -166,7 +166,13 @@ class ProviderHTTP:
         detail = describe_body(response)
         if detail:
             message += f": {detail}"
-        kwargs: dict[str, Any] = {"provider": self.provider, "status": status}
+        body = _json_or_none(response)
+        kwargs: dict[str, Any] = {
+            "provider": self.provider,
+            "status": status,
+            "code": error_code(body),
+            "body": body,
+        }
         if status in (401, 403):
             return InvalidCredentials(message, **kwargs)
         if status in (404, 410):
@@ -191,6 +197,27 @@ def _connection_failure(exc: requests.RequestException, what: str) -> TransientP
         f"{what} failed: {kind} ({'no connection' if never_sent else 'no answer'})",
         maybe_applied=not never_sent,
     )
+
+
+def _json_or_none(response: requests.Response) -> object:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def error_code(body: object) -> str:
+    """The machine-readable code of an error body: Lambda's ``{"error": {"code"}}``, Vast's
+    ``{"error": "no_such_ask"}``, or a top-level ``code``; '' when there is none."""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error")
+    if isinstance(error, dict):
+        return str(error.get("code") or "")
+    if isinstance(error, str) and error and " " not in error:
+        return error
+    code = body.get("code")
+    return str(code) if isinstance(code, str | int) else ""
 
 
 def describe_body(response: requests.Response, limit: int = 300) -> str:

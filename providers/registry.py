@@ -26,6 +26,9 @@ class Target:
     poll_batch: int = 10_000
     # Why the target cannot be used as configured ('' when it can), checked at submit.
     misconfiguration: Callable[[], str] = lambda: ""
+    # The adapter lists priced offers (providers.base.OfferSource): placement chooses one,
+    # ``auto`` may use the target, and price caps are checked before a machine is rented.
+    has_offers: bool = False
 
 
 # Secret fields each credential kind stores (validated on create; values never returned).
@@ -48,6 +51,18 @@ def _runpod_pod(secrets: dict[str, str]) -> ProviderAdapter:
     return runpod_pod.from_settings(secrets)
 
 
+def _lambda(secrets: dict[str, str]) -> ProviderAdapter:
+    from providers import lambda_cloud
+
+    return lambda_cloud.from_settings(secrets)
+
+
+def _vastai(secrets: dict[str, str]) -> ProviderAdapter:
+    from providers import vastai
+
+    return vastai.from_settings(secrets)
+
+
 def _needs_setting(name: str) -> Callable[[], str]:
     def check() -> str:
         from django.conf import settings
@@ -55,6 +70,14 @@ def _needs_setting(name: str) -> Callable[[], str]:
         return "" if getattr(settings, name, "") else f"the operator has not set {name}"
 
     return check
+
+
+def _pod_cloud_problem() -> str:
+    from django.conf import settings
+
+    if settings.RUNPOD_POD_CLOUD not in ("SECURE", "COMMUNITY"):  # REST v2 creates take no ALL
+        return f"RUNPOD_POD_CLOUD is {settings.RUNPOD_POD_CLOUD!r}, not SECURE or COMMUNITY"
+    return ""
 
 
 _TARGETS: dict[str, Target] = {
@@ -76,6 +99,26 @@ _TARGETS: dict[str, Target] = {
         ssh_executor=True,
         # One list call covers every pod; each running one costs an SSH round trip.
         poll_batch=200,
+        misconfiguration=_pod_cloud_problem,
+        has_offers=True,
+    ),
+    "lambda": Target(
+        "lambda",
+        "Lambda Cloud on-demand instances, the executor driven over SSH (user ubuntu).",
+        credential_kind="lambda",
+        adapter_factory=_lambda,
+        ssh_executor=True,
+        poll_batch=200,  # one list call covers every instance
+        has_offers=True,
+    ),
+    "vastai": Target(
+        "vastai",
+        "Vast.ai marketplace offers (direct SSH), the executor driven over SSH.",
+        credential_kind="vastai",
+        adapter_factory=_vastai,
+        ssh_executor=True,
+        poll_batch=200,  # one list call covers every instance
+        has_offers=True,
     ),
 }
 

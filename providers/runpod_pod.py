@@ -12,6 +12,10 @@ SSH by the control plane (``providers.ssh``).
   ``ssh.direct`` carries the SSH address.
 - cancel: ``DELETE /pods/{id}``, the only call that stops the billing (a stopped pod still
   bills its disk); 404 is success.
+- offers: ``GET /catalog/gpus?include=AVAILABILITY&product=POD`` prices the configured GPU types
+  that fit the job (list price per GPU per hour for the configured cloud, times the count) with
+  their stock; ``launch`` of an offer then creates on exactly that GPU type. The pod's ``cost``
+  (USD per hour, 0 once exited) is the rate RunPod actually bills, reported on every poll.
 
 Spot pods exist only in the deprecated GraphQL API and are not offered.
 """
@@ -20,12 +24,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from providers.base import (
     MACHINE_PREFIX,
     Handle,
     LaunchRequest,
+    Offer,
     RemoteState,
     RemoteStatus,
     SshAddress,
@@ -34,7 +40,10 @@ from providers.errors import InstanceNotFound, NoCapacity, PermanentProviderErro
 from providers.http import ProviderHTTP
 from providers.ratelimit import shared_limiter
 
+TARGET = "runpod-pod"
 DEFAULT_URL = "https://api.runpod.io/v2"
+# The clouds a pod can be created in; the catalogue prices and stocks each separately.
+CLOUDS = ("SECURE", "COMMUNITY")
 # Not documented for REST v2; a conservative share of the v1 REST limits.
 RATE_LIMITS: dict[str, tuple[int, float]] = {"default": (90, 10.0)}
 
@@ -90,17 +99,18 @@ class RunpodPods:
         existing = self._find(request.name)
         if existing is not None:
             return Handle(instance_id=existing["id"], name=request.name)
+        if request.offer is not None:
+            return self._launch_offer(request, request.offer)
         candidates = gpu_candidates(request.gpu, self._gpu_types)
         if not candidates:
             raise NoCapacity(
                 f"no configured RunPod GPU type (RUNPOD_POD_GPU_TYPES) fits gpu={dict(request.gpu)}"
             )
+        count = gpu_count(request.gpu)
         refusals = []
         for gpu_id, _vram in candidates:
             try:
-                pod = self._http.call(
-                    "POST", "/pods", key=self._key, json=self._create_body(request, gpu_id)
-                )
+                pod = self._create(request, gpu_id, count)
             except PermanentProviderError as exc:
                 if exc.status != 400:  # 422 schema, 402 balance, 403 access: no GPU helps
                     raise
@@ -109,11 +119,31 @@ class RunpodPods:
             return Handle(instance_id=str(pod["id"]), name=request.name)
         raise NoCapacity("RunPod refused every fitting GPU type: " + " | ".join(refusals)[:900])
 
-    def _create_body(self, request: LaunchRequest, gpu_id: str) -> dict[str, Any]:
-        gpu: dict[str, Any] = {"id": gpu_id, "count": max(1, int(request.gpu.get("count", 1)))}
+    def _launch_offer(self, request: LaunchRequest, offer: Offer) -> Handle:
+        """Placement priced this GPU type: another type would be another price, so none is
+        tried in its place; a refusal goes back to placement as NoCapacity."""
+        if offer.target != TARGET:
+            raise PermanentProviderError(
+                f"offer {offer.offer_id!r} is for target {offer.target!r}, not {TARGET}",
+                provider=TARGET,
+            )
+        try:
+            pod = self._create(request, offer.offer_id, max(1, offer.gpu_count))
+        except PermanentProviderError as exc:
+            if exc.status != 400:
+                raise
+            raise NoCapacity(
+                f"RunPod refused GPU type {offer.offer_id}: {exc}"[:900],
+                provider=TARGET,
+                status=400,
+            ) from exc
+        return Handle(instance_id=str(pod["id"]), name=request.name)
+
+    def _create(self, request: LaunchRequest, gpu_id: str, count: int) -> Any:
+        gpu: dict[str, Any] = {"id": gpu_id, "count": count}
         if self._cuda:
             gpu["allowedCudaVersions"] = self._cuda
-        return {
+        body = {
             "name": request.name,
             "image": self._image,
             "gpu": gpu,
@@ -122,6 +152,63 @@ class RunpodPods:
             "ports": ["22/tcp"],
             "env": {"PUBLIC_KEY": request.ssh_public_key},
         }
+        return self._http.call("POST", "/pods", key=self._key, json=body)
+
+    def offers(self, gpu: Mapping[str, Any]) -> list[Offer]:
+        """The configured GPU types that fit ``gpu``, priced for the configured cloud (ALL: the
+        cheaper cloud that has stock) at the job's GPU count, cheapest first. A type the
+        catalogue does not list, or prices at nothing for the cloud, is left out."""
+        wanted = gpu_candidates(gpu, self._gpu_types)
+        if not wanted:
+            return []
+        count = gpu_count(gpu)
+        cloud = self._cloud.upper()
+        found: dict[str, list[tuple[Quote, dict[str, Any]]]] = {}
+        for each in CLOUDS if cloud == "ALL" else (cloud,):
+            for gpu_type in self._catalog(each, count):
+                quote = cloud_quote(gpu_type, each, count)
+                if quote is not None:
+                    found.setdefault(gpu_type["id"], []).append((quote, gpu_type))
+        out = []
+        for gpu_id, vram in wanted:
+            if gpu_id not in found:
+                continue
+            # In stock before cheap: with ALL, the cheaper cloud may have no machine at all.
+            best, gpu_type = min(found[gpu_id], key=lambda f: (not f[0].available, f[0].price))
+            memory = gpu_type.get("memory")
+            out.append(
+                Offer(
+                    target=TARGET,
+                    offer_id=gpu_id,
+                    # The id, not the display name: it is what the job's name glob matched
+                    # here (gpu_candidates), and placement matches that glob again.
+                    gpu_name=gpu_id,
+                    gpu_count=count,
+                    vram_gb=float(memory) if _positive(memory) else float(vram),
+                    price_per_hour=round(best.price * count, 4),
+                    spot_price_per_hour=None,  # REST v2 has no spot (interruptible) pods
+                    available=best.available,
+                    details={
+                        "name": str(gpu_type.get("name") or gpu_id),
+                        "cloud": best.cloud,
+                        "pool": gpu_type.get("pool"),
+                        "stock": best.stock,
+                        "data_centers": best.data_centers,
+                    },
+                )
+            )
+        out.sort(key=lambda o: o.price_per_hour)  # stable: ties keep the operator's order
+        return out
+
+    def _catalog(self, cloud: str, count: int) -> list[dict[str, Any]]:
+        # Availability is scoped by cloud, count and CUDA versions: asked exactly as launch
+        # will create, so "available" means this pod, not any pod of the type.
+        params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud, "count": str(count)}
+        if self._cuda:
+            params["cudaVersions"] = ",".join(self._cuda)
+        body = self._http.call("GET", "/catalog/gpus", key=self._key, params=params)
+        gpus = body.get("gpus", []) if isinstance(body, dict) else []
+        return [g for g in gpus if isinstance(g, dict) and isinstance(g.get("id"), str)]
 
     def poll(self, handles: Sequence[Handle]) -> dict[str, RemoteState]:
         pods = {p["id"]: p for p in self._list()}
@@ -152,14 +239,75 @@ class RunpodPods:
         return None
 
 
+@dataclass(frozen=True)
+class Quote:
+    """One GPU type in one cloud, from the catalogue."""
+
+    cloud: str
+    price: float  # USD per hour for one GPU
+    available: bool
+    stock: str | None  # the catalogue's availability level; None when it gave none
+    data_centers: list[str]  # those with stock for this request
+
+
+def gpu_count(gpu: Mapping[str, Any]) -> int:
+    """GPUs per pod: a pod has at least one (a CPU-only job still rents a GPU pod)."""
+    return max(1, int(gpu.get("count") or 1))
+
+
+def cloud_quote(gpu_type: Mapping[str, Any], cloud: str, count: int) -> Quote | None:
+    """What a catalogue GpuType says about ``cloud``; None when the cloud does not sell it at
+    ``count`` GPUs per pod (flagged off, no price, or no machine that large)."""
+    key = cloud.lower()  # GpuType keys its per-cloud fields "secure" / "community"
+    largest = (gpu_type.get("maxCount") or {}).get(key)
+    price = (gpu_type.get("price") or {}).get(key)
+    if gpu_type.get(key) is False or not _positive(price):
+        return None
+    if _positive(largest) and count > largest:
+        return None
+    stock = gpu_type.get("availability")
+    centres = gpu_type.get("dataCenters")
+    return Quote(
+        cloud=cloud,
+        price=float(price),
+        available=in_stock(stock),
+        stock=None if stock is None else str(stock),
+        data_centers=[
+            str(dc["id"])
+            for dc in (centres if isinstance(centres, list) else [])
+            if isinstance(dc, dict) and "id" in dc and in_stock(dc.get("availability"))
+        ],
+    )
+
+
+def in_stock(level: object) -> bool:
+    """The catalogue's availability (NONE, LOW, MEDIUM or HIGH) as a yes or no. Absent means
+    RunPod did not say (it is sent only for include=AVAILABILITY), so the type is treated as
+    available and a create that finds no machine answers NoCapacity as before."""
+    if level is None:
+        return True
+    if isinstance(level, bool):
+        return level
+    if isinstance(level, int | float):
+        return level > 0
+    return str(level).strip().upper() != "NONE"
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
 def pod_state(pod: Mapping[str, Any] | None) -> RemoteState:
     """A v2 Pod object (None: not listed) as a RemoteState."""
     if pod is None:
         return RemoteState(RemoteStatus.LOST, "RunPod no longer lists this pod")
+    # ``cost`` is the pod's billed rate in USD per hour; 0 once it exited: nothing to report.
+    cost = pod.get("cost")
+    price = float(cost) if _positive(cost) else None
     raw = str(pod.get("status", ""))
     status = STATUS_MAP.get(raw, RemoteStatus.PENDING)
     if status is RemoteStatus.LOST:
-        return RemoteState(status, f"the pod is {raw}")
+        return RemoteState(status, f"the pod is {raw}", price_per_hour=price)
     direct = (pod.get("ssh") or {}).get("direct") if isinstance(pod.get("ssh"), dict) else None
     if status is RemoteStatus.RUNNING and isinstance(direct, dict) and direct.get("host"):
         address = SshAddress(
@@ -167,9 +315,11 @@ def pod_state(pod: Mapping[str, Any] | None) -> RemoteState:
             port=int(direct.get("port") or 22),
             username=str(direct.get("username") or "root"),
         )
-        return RemoteState(status, "RUNNING", ssh=address)
+        return RemoteState(status, "RUNNING", ssh=address, price_per_hour=price)
     # RUNNING without an SSH address yet: the container is still coming up.
-    return RemoteState(RemoteStatus.PENDING, raw or "unknown RunPod pod status")
+    return RemoteState(
+        RemoteStatus.PENDING, raw or "unknown RunPod pod status", price_per_hour=price
+    )
 
 
 def from_settings(secrets: Mapping[str, str]) -> RunpodPods:
@@ -178,9 +328,9 @@ def from_settings(secrets: Mapping[str, str]) -> RunpodPods:
     return RunpodPods(
         api_key=secrets["api_key"],
         http=ProviderHTTP(
-            provider="runpod-pod",
+            provider=TARGET,
             base_url=settings.RUNPOD_REST_URL,
-            limiter=shared_limiter("runpod-pod", RATE_LIMITS),
+            limiter=shared_limiter(TARGET, RATE_LIMITS),
         ),
         image=settings.RUNPOD_POD_IMAGE,
         gpu_types=settings.RUNPOD_POD_GPU_TYPES,

@@ -6,6 +6,7 @@ after the control plane crashed and restarted::
 
     remote_dir/
       code/gpu_worker/  the executor, uploaded from this checkout (the image need not carry it)
+      code/requirements/ its pinned requirements (for a setup command that installs them)
       spec.json         the job spec, mode 0600: it holds signed URLs
       pid               the detached run's pid (= its process group); its presence means started
       events.jsonl      the JsonlSink's events, tailed by byte offset (read_events)
@@ -80,6 +81,9 @@ def _code_tar() -> bytes:
     buf, source = io.BytesIO(), Path(gpu_worker.__file__).parent
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(source, "gpu_worker", filter=lambda i: None if "__pycache__" in i.name else i)
+        # The executor's pinned requirements, for a setup command that installs them.
+        for name in ("executor.txt", "gpu.txt"):
+            tar.add(source.parent / "requirements" / name, f"requirements/{name}")
     return buf.getvalue()
 
 
@@ -97,11 +101,13 @@ class RemoteExecutor:
         known_host_key: str = "",
         remote_dir: str,
         python: str = "python3",
+        setup: str = "",
         connect_timeout: float = 15.0,
     ) -> None:
         self.address = address
         self.remote_dir = remote_dir.rstrip("/")
         self.python = python
+        self.setup = setup  # a shell command run before the executor (installs its requirements)
         self._known = " ".join(known_host_key.split()[:2])
         self._timeout = connect_timeout
         self._where = f"{address.username}@{address.host}:{address.port}"
@@ -239,10 +245,12 @@ class RemoteExecutor:
             sftp.posix_rename(self._path("spec.json.tmp"), self._path("spec.json"))
         # Run in remote_dir; TRAINHUB_WORKDIR puts the executor's scratch space on the
         # attempt's disk rather than /tmp (often a small overlay on cloud machines).
+        # The setup's output goes to executor.log too: its failure is what the log tail says.
+        setup = f"( {self.setup} ) > executor.log 2>&1 && " if self.setup.strip() else ""
         run = (
-            f"trap : TERM INT; TRAINHUB_WORKDIR={d} PYTHONPATH={code} "
+            f"trap : TERM INT; {setup}TRAINHUB_WORKDIR={d} PYTHONPATH={code} "
             f"{shlex.quote(self.python)} -m gpu_worker run spec.json --cancel-file "
-            f"{shlex.quote(self._path('cancel'))} > executor.log 2>&1; "
+            f"{shlex.quote(self._path('cancel'))} >> executor.log 2>&1; "
             "echo $? > exit_code.tmp && mv exit_code.tmp exit_code"
         )
         launch = (

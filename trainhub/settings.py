@@ -154,13 +154,30 @@ RUNPOD_POD_GPU_TYPES = env.list(
 RUNPOD_POD_CLOUD = env.str("RUNPOD_POD_CLOUD", default="SECURE")
 RUNPOD_POD_CUDA_VERSIONS = env.list("RUNPOD_POD_CUDA_VERSIONS", default=["12.8", "12.9", "13.0"])
 RUNPOD_POD_DISK_GB = env.int("RUNPOD_POD_DISK_GB", default=80)
+# Lambda Cloud: on-demand VMs (Lambda Stack image), reached over SSH as ubuntu. Optional
+# allow-lists of instance type names and regions (globs); empty allows all.
+LAMBDA_API_URL = env.str("LAMBDA_API_URL", default="https://cloud.lambda.ai/api/v1")
+LAMBDA_INSTANCE_TYPES = env.list("LAMBDA_INSTANCE_TYPES", default=[])
+LAMBDA_REGIONS = env.list("LAMBDA_REGIONS", default=[])
+# Vast.ai: marketplace offers rented with direct SSH. Offers are filtered before they are shown.
+VAST_API_URL = env.str("VAST_API_URL", default="https://console.vast.ai/api/v0")
+VAST_IMAGE = env.str("VAST_IMAGE", default="pytorch/pytorch:2.8.0-cuda12.8-cudnn9-devel")
+VAST_DISK_GB = env.int("VAST_DISK_GB", default=80)
+VAST_MIN_RELIABILITY = env.float("VAST_MIN_RELIABILITY", default=0.98)
+VAST_MIN_CUDA = env.float("VAST_MIN_CUDA", default=12.8)
+VAST_MIN_INET_DOWN_MBPS = env.int("VAST_MIN_INET_DOWN_MBPS", default=200)
+VAST_VERIFIED_ONLY = env.bool("VAST_VERIFIED_ONLY", default=True)
 # A pod not accepting SSH this long after launch is terminated (image pull, CUDA mismatch).
 TRAINHUB_MACHINE_READY_TIMEOUT_SECONDS = env.int(
     "TRAINHUB_MACHINE_READY_TIMEOUT_SECONDS", default=20 * 60
 )
 # The interpreter that runs `python -m gpu_worker` on rented VMs, and where attempts live there.
 TRAINHUB_REMOTE_PYTHON = env.str("TRAINHUB_REMOTE_PYTHON", default="python3")
-TRAINHUB_REMOTE_DIR = env.str("TRAINHUB_REMOTE_DIR", default="/root/trainhub")
+TRAINHUB_REMOTE_DIR = env.str("TRAINHUB_REMOTE_DIR", default="~/trainhub")  # ~: login's home
+# A shell command run (in the attempt's directory, once) before the executor on rented VMs
+# whose image lacks its requirements, e.g. on Lambda Stack:
+# "python3 -m pip install --quiet --user -r code/requirements/gpu.txt" (uploaded with the code).
+TRAINHUB_REMOTE_SETUP = env.str("TRAINHUB_REMOTE_SETUP", default="")
 
 # --- GPU nodes ------------------------------------------------------------------------------
 # A node without a heartbeat for this long is offline (it heartbeats every 30 s).
@@ -186,6 +203,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": celery_conf.FLEET_TICK,
         "schedule": celery_conf.FLEET_TICK_INTERVAL_SECONDS,
         "options": {"expires": celery_conf.FLEET_TICK_INTERVAL_SECONDS},
+    },
+    "place-waiting": {
+        "task": celery_conf.PLACE_WAITING,
+        "schedule": celery_conf.PLACE_INTERVAL_SECONDS,
+        "options": {"expires": celery_conf.PLACE_INTERVAL_SECONDS},
     },
     "reconcile-providers": {
         "task": celery_conf.RECONCILE_PROVIDERS,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from jobs.models import (
@@ -18,6 +20,10 @@ from jobs.models import (
 
 def ts(value: datetime | None) -> int | None:
     return int(value.timestamp()) if value else None
+
+
+def usd(value: Decimal | None) -> float | None:
+    return float(value) if value is not None else None
 
 
 def event_id(job_public_id: str, number: int) -> str:
@@ -65,6 +71,9 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "max_attempts": j.max_attempts,
         "gpu": j.gpu,
         "node_selector": j.node_selector,
+        "max_price_per_hour": usd(j.max_price_per_hour),
+        "estimated_cost": usd(j.estimated_cost),
+        "cost": usd(j.cost),
         "waiting_reason": (j.waiting_reason or None) if j.status == "queued" else None,
         "trained_tokens": j.trained_tokens,
         "metrics": j.latest_metrics or None,
@@ -142,6 +151,32 @@ def node_event_json(e: NodeEvent) -> dict[str, Any]:
         "actor": e.actor or None,
         "created_at": ts(e.created_at),
     }
+
+
+def provider_json(s: Any) -> dict[str, Any]:
+    """A target (services.offers.ProviderStatus); the key itself is never shown."""
+    t = s.target
+    return {
+        "id": t.name,
+        "object": "provider",
+        "description": t.description,
+        "credential_kind": t.credential_kind,
+        "has_offers": t.has_offers,
+        "usable": not s.problem,
+        "problem": s.problem or None,
+        "credential": {
+            "source": s.credential_source,
+            "verified": None if s.credential_error is None else not s.credential_error,
+            "error": s.credential_error or None,
+        }
+        if t.credential_kind
+        else None,
+    }
+
+
+def offer_json(o: Any) -> dict[str, Any]:
+    """A priced offer (providers.base.Offer)."""
+    return {"object": "offer", **dataclasses.asdict(o), "details": dict(o.details)}
 
 
 def page_json(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import node_views, views, webhook_views
+from jobs.api import node_views, provider_views, views, webhook_views
 
 urlpatterns = [
     path("files/", views.FileListView.as_view()),
@@ -13,6 +13,8 @@ urlpatterns = [
     path("jobs/<str:job_id>/artifacts/", views.JobArtifactListView.as_view()),
     path("artifacts/<str:artifact_id>/download/", views.ArtifactDownloadView.as_view()),
     path("credentials/", views.CredentialListView.as_view()),
+    path("providers/", provider_views.ProviderListView.as_view()),
+    path("providers/<str:target>/offers/", provider_views.OfferListView.as_view()),
     path("credentials/<str:credential_id>/", views.CredentialDetailView.as_view()),
     path(
         "webhooks/provider/<str:token>/",

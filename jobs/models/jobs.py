@@ -32,6 +32,17 @@ class TrainingJob(models.Model):
     # Placement on the own fleet (jobs.placement): GPU needs and label selectors, any node if empty.
     gpu = models.JSONField(default=dict, blank=True, help_text="{count, min_vram_gb, name glob}")
     node_selector = models.JSONField(default=dict, blank=True, help_text="{label: glob}")
+    max_price_per_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="USD per hour a rented machine may cost at most (offers above are skipped).",
+    )
+    # Sums over the attempts (services.costs): the most the attempts could cost at their quoted
+    # rates and max runtime, and what ended attempts did cost (billed rate x time rented).
+    estimated_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     priority = models.SmallIntegerField(default=0, help_text="Higher is dispatched first.")
     waiting_reason = models.CharField(
         max_length=1000, blank=True, help_text="Why a queued job is not placed yet."
@@ -103,6 +114,19 @@ class JobAttempt(models.Model):
         blank=True,
         help_text="A launch call failed after it may have reached the provider.",
     )
+    # The priced offer placement chose ({target, offer_id, gpu_name, gpu_count, vram_gb,
+    # price_per_hour, region, machine_id}); empty for targets without a price list.
+    offer = models.JSONField(default=dict, blank=True)
+    launched_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the provider accepted the launch (billing starts)."
+    )
+    estimated_cost = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="The offer's rate x the job's max runtime: the most this attempt should cost.",
+    )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -112,9 +136,19 @@ class JobAttempt(models.Model):
         max_length=32, blank=True, choices=[(r.value, r.value) for r in EndReason]
     )
     billed_rate_per_hour = models.DecimalField(
-        max_digits=10, decimal_places=4, null=True, blank=True
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="USD per hour as the provider reports it after launch.",
     )
-    cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    cost = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Billed (else quoted) rate x time from launch to end.",
+    )
 
     class Meta:
         constraints = [

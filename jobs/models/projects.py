@@ -13,6 +13,14 @@ class Project(models.Model):
     max_concurrent_jobs = models.PositiveIntegerField(
         default=10, help_text="Live (non-terminal) jobs allowed at once."
     )
+    max_spend_per_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="USD per hour all of the project's rented machines may cost together "
+        "(checked at placement); empty for no ceiling.",
+    )
     operator_credential_providers = models.JSONField(
         default=list,
         blank=True,

@@ -18,6 +18,7 @@ from django.utils import timezone
 from gpu_worker import celery_conf
 from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, TrainingJob
+from jobs.services import costs
 from jobs.services.events import clean_executor_event, event_append, events_store
 from jobs.services.jobs import job_transition
 from jobs.states import EndReason, JobStatus
@@ -80,6 +81,8 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         )
         if not ended:
             return False
+        if attempt.target != "local":
+            costs.attempt_settle_cost(attempt_pk=attempt.pk)
         if attempt.node_name:
             from jobs.services.dispatch import node_release
 

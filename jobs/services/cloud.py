@@ -1,14 +1,10 @@
-"""Cloud attempts: launch on a provider, poll, drive SSH executors, stop, reconcile.
-
-Provider calls never run inside a transaction. The attempt row is committed before the launch
-call and its instance id right after, so a crash in between leaves a record that the lease and
-the reconciler act on. Errors follow the provider error family: a launch that surely did not
-happen is retried with backoff (the attempt's lease bounds the retries); no capacity, bad
-credentials and permanent refusals end the attempt with a reason.
+"""Cloud attempts after launch (services.launch): poll, drive SSH executors, check the billed
+rate, stop, reconcile.
 
 Polls are scheduled per attempt (``next_poll_at``): each cycle takes the most overdue attempts
 up to the target's budget, so a provider's rate limit degrades staleness evenly instead of
-starving some jobs. Stopping is two-phase: the job stays ``cancelling`` until a poll shows
+starving some jobs. A billed rate above the job's max_price_per_hour stops the machine.
+Stopping is two-phase: the job stays ``cancelling`` until a poll shows
 the machine gone.
 """
 
@@ -28,30 +24,23 @@ from django.urls import reverse
 from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
-from jobs import storage
-from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, Project, TrainingJob
-from jobs.services import remote
+from jobs.services import costs, offers, remote
 from jobs.services.attempts import (
     apply_reported_status,
     attempt_end,
     attempt_record_events,
-    attempt_start,
     machine_name,
     parse_machine_name,
 )
-from jobs.services.dispatch import attempt_spec
 from jobs.services.events import event_append
-from jobs.services.projects import credential_secrets
+from jobs.services.targets import MissingCredentials, adapter_for
 from jobs.states import TERMINAL, EndReason, JobStatus
 from providers import registry
-from providers.base import Handle, LaunchRequest, ProviderAdapter, RemoteState, RemoteStatus
+from providers.base import Handle, ProviderAdapter, RemoteState, RemoteStatus
 from providers.errors import (
     InvalidCredentials,
-    NoCapacity,
     ProviderError,
-    RateLimited,
-    TransientProviderError,
 )
 
 log = logging.getLogger(__name__)
@@ -61,46 +50,13 @@ ALIVE = (RemoteStatus.PENDING, RemoteStatus.RUNNING)
 POLL_EVERY = {RemoteStatus.PENDING: 30, RemoteStatus.RUNNING: 15}
 # Attempts per provider call in a poll cycle (a chunk's states are applied before the next).
 POLL_CHUNK = 200
-# Launches that surely did not happen are retried after these delays; then the lease decides.
-LAUNCH_RETRY_SECONDS = (5, 15, 30, 60, 120)
-# After a launch call that may have been applied: how long to wait before looking again.
-UNCONFIRMED_WAIT_SECONDS = 60
 # A stop the provider has not confirmed by then is sent again.
 STOP_RESEND_SECONDS = 60
 WEBHOOK_SALT = "trainhub.provider-webhook"
 
 
-class MissingCredentials(Exception):
-    pass
-
-
 def _handle(attempt: JobAttempt) -> Handle:
     return Handle(instance_id=attempt.provider_instance_id, name=machine_name(attempt))
-
-
-def provider_secrets(*, project: Project, kind: str) -> dict[str, str] | None:
-    """The project's newest credential of ``kind``, else the operator's environment key when
-    the project may use it; None when neither exists."""
-    credential = project.credentials.filter(provider=kind).order_by("-updated_at").first()
-    if credential is not None:
-        return credential_secrets(credential=credential)
-    key = os.environ.get(f"{kind.upper()}_API_KEY", "")
-    if key and kind in project.operator_credential_providers:
-        return {"api_key": key}
-    return None
-
-
-def adapter_for(target: registry.Target, project: Project) -> ProviderAdapter:
-    if target.adapter_factory is None:
-        raise ValueError(f"target {target.name} has no provider adapter")
-    secrets: dict[str, str] | None = {}
-    if target.credential_kind:
-        secrets = provider_secrets(project=project, kind=target.credential_kind)
-    if secrets is None:
-        raise MissingCredentials(
-            f"project {project.slug} has no '{target.credential_kind}' credential any more"
-        )
-    return target.adapter_factory(secrets)
 
 
 def webhook_url(attempt: JobAttempt) -> str:
@@ -118,141 +74,13 @@ def webhook_attempt(token: str) -> int | None:
         return None
 
 
-def _send(task: str, args: list[Any], countdown: float = 0) -> None:
+def send_task(task: str, args: list[Any], countdown: float = 0) -> None:
     from trainhub.celery import app
 
     app.send_task(task, args=args, countdown=countdown or None)
 
 
-# --- launch -----------------------------------------------------------------------------------
-
-
-def attempt_launch(*, job_pk: int) -> JobAttempt | None:
-    """Start the next attempt of a queued cloud job and ask its provider for a machine."""
-    job = TrainingJob.objects.get(pk=job_pk)
-    target = registry.get(job.target)
-    if target is None or target.adapter_factory is None or job.status != S.QUEUED:
-        return None
-    try:
-        attempt = attempt_start(job=job, target=job.target)
-    except InvalidTransition as exc:  # cancelled, or launched by a duplicate delivery meanwhile
-        log.info("not launching %s: %s", job.public_id, exc)
-        return None
-    if target.ssh_executor:
-        remote.attempt_new_ssh_key(attempt=attempt)
-    attempt_provision(attempt_pk=attempt.pk)
-    return attempt
-
-
-def attempt_provision(*, attempt_pk: int, try_number: int = 0) -> None:
-    """Ask the provider for the attempt's machine (again after a launch that did not happen)."""
-    attempt = JobAttempt.objects.select_related("job", "job__project").get(pk=attempt_pk)
-    job = attempt.job
-    if attempt.ended_at is not None or attempt.provider_instance_id:
-        return
-    if job.status == S.CANCELLING:
-        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message="cancelled before launch")
-        return
-    target = registry.get(attempt.target)
-    if target is None:
-        attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message="unknown target")
-        return
-    if attempt.launch_unconfirmed_at is not None and storage.exists(
-        storage.bundle_key(job.project_id, job.public_id, attempt.number)
-    ):
-        _adopt_finished_run(attempt)
-        return
-    try:
-        adapter = adapter_for(target, job.project)
-        handle = adapter.launch(_launch_request(attempt, target))
-    except (MissingCredentials, ProviderError) as exc:
-        _launch_failed(attempt, target, exc, try_number)
-        return
-    JobAttempt.objects.filter(pk=attempt.pk).update(
-        provider_instance_id=handle.instance_id,
-        launch_unconfirmed_at=None,
-        next_poll_at=timezone.now() + timedelta(seconds=POLL_EVERY[RemoteStatus.PENDING]),
-    )
-    event_append(
-        job=job,
-        type="log",
-        message=f"Attempt {attempt.number}: {target.name} accepted the launch as "
-        f"{handle.instance_id}.",
-        data={"attempt": attempt.number, "instance": handle.instance_id},
-    )
-    # A cancel (or end) while the provider call was in flight found no instance to stop.
-    if JobAttempt.objects.filter(
-        Q(ended_at__isnull=False) | Q(job__status=S.CANCELLING), pk=attempt.pk
-    ).exists():
-        _send(cc.CANCEL_JOB, [job.pk])
-
-
-def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchRequest:
-    job = attempt.job
-    return LaunchRequest(
-        job_id=job.public_id,
-        attempt=attempt.number,
-        name=machine_name(attempt),
-        max_runtime_seconds=job.max_runtime_seconds,
-        # Handler-style providers run the spec as given; SSH ones get it once the machine is up.
-        spec={} if target.ssh_executor else attempt_spec(attempt, sinks=[], public=True),
-        gpu=dict(job.gpu),
-        ssh_public_key=remote.attempt_public_key(attempt) if target.ssh_executor else "",
-        webhook_url=webhook_url(attempt),
-    )
-
-
-def _launch_failed(
-    attempt: JobAttempt, target: registry.Target, exc: Exception, try_number: int
-) -> None:
-    log.warning("launch of %s failed: %s", machine_name(attempt), exc)
-    if isinstance(exc, NoCapacity):
-        attempt_end(attempt=attempt, reason=EndReason.NO_CAPACITY, message=str(exc))
-    elif isinstance(exc, InvalidCredentials):
-        attempt_end(
-            attempt=attempt,
-            reason=EndReason.PROVIDER_ERROR,
-            message=f"{target.name} refused the project's credential: {exc}",
-        )
-    elif isinstance(exc, TransientProviderError) and exc.maybe_applied and not target.ssh_executor:
-        # The provider may run it already and cannot be asked (no listing by name): look at
-        # the attempt's output before submitting again, rather than pay for two runs blindly.
-        JobAttempt.objects.filter(pk=attempt.pk).update(launch_unconfirmed_at=timezone.now())
-        event_append(
-            job=attempt.job,
-            type="log",
-            level="warning",
-            message=f"Attempt {attempt.number}: {target.name} may have accepted the launch "
-            f"without answering ({exc}); checking the attempt's output in "
-            f"{UNCONFIRMED_WAIT_SECONDS} s before submitting again.",
-            data={"attempt": attempt.number},
-        )
-        _send(cc.PROVISION_ATTEMPT, [attempt.pk, try_number + 1], UNCONFIRMED_WAIT_SECONDS)
-    elif isinstance(exc, TransientProviderError | RateLimited) and try_number < len(
-        LAUNCH_RETRY_SECONDS
-    ):
-        # Not applied (or found by name next time): try again; the lease ends a hopeless run.
-        delay = max(LAUNCH_RETRY_SECONDS[try_number], getattr(exc, "retry_after", 0) or 0)
-        _send(cc.PROVISION_ATTEMPT, [attempt.pk, try_number + 1], delay)
-    else:
-        attempt_end(
-            attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=f"launch failed: {exc}"
-        )
-
-
-def _adopt_finished_run(attempt: JobAttempt) -> None:
-    """A launch we could not confirm did run, and its bundle is there: verify it."""
-    job = attempt.job
-    event_append(
-        job=job,
-        type="log",
-        message=f"Attempt {attempt.number}'s unconfirmed launch did run: its bundle is stored.",
-        data={"attempt": attempt.number},
-    )
-    _report_finished(attempt)
-
-
-def _report_finished(attempt: JobAttempt, message: str = "") -> None:
+def report_finished(attempt: JobAttempt, message: str = "") -> None:
     """The run finished; it may never have been seen running (it ran between two polls)."""
     apply_reported_status(attempt, "running", {}, "")  # only moves a job still provisioning
     apply_reported_status(attempt, "succeeded", {}, message)
@@ -364,6 +192,9 @@ def _apply_remote_state(
         job.refresh_from_db(fields=["status"])
     if job.status == S.CANCELLING or attempt.stop_requested_at is not None:
         return _confirm_stop(adapter, attempt, state)
+    rate = state.price_per_hour
+    if rate is not None and state.status in ALIVE and _over_price_cap(target, attempt, rate):
+        return False
     if state.status in ALIVE:
         if target.ssh_executor:
             remote.attempt_drive(attempt=attempt, state=state)
@@ -371,7 +202,7 @@ def _apply_remote_state(
             apply_reported_status(attempt, "running", {}, state.message)
         return True
     if state.status == RemoteStatus.SUCCEEDED:
-        _report_finished(attempt, state.message)
+        report_finished(attempt, state.message)
     elif state.status == RemoteStatus.FAILED:
         apply_reported_status(attempt, "failed", {"code": state.error_code}, state.message)
     elif state.status == RemoteStatus.CANCELLED:
@@ -379,6 +210,30 @@ def _apply_remote_state(
     else:
         attempt_end(attempt=attempt, reason=EndReason.WORKER_LOST, message=state.message)
     return False
+
+
+def _over_price_cap(target: registry.Target, attempt: JobAttempt, rate: float) -> bool:
+    """Store the rate the provider bills; True (and the attempt ended, its machine stopped)
+    when it is above the job's cap: an offer's quote is not a promise (Vast prices move)."""
+    if costs.attempt_record_rate(attempt=attempt, rate=rate):
+        event_append(
+            job=attempt.job,
+            type="log",
+            message=f"Attempt {attempt.number}: {target.name} bills ${rate:.4f}/h.",
+            data={"attempt": attempt.number, "billed_rate_per_hour": rate},
+        )
+    cap = attempt.job.max_price_per_hour
+    if cap is None or costs.money(rate) <= cap:
+        return False
+    if attempt.offer:
+        offers.offer_refused(attempt.offer, f"billed ${rate:.2f}/h")
+    attempt_end(
+        attempt=attempt,
+        reason=EndReason.PRICE_CAP_EXCEEDED,
+        message=f"{target.name} bills ${rate:.4f}/h, above the job's max_price_per_hour of "
+        f"${cap}/h; the machine is terminated",
+    )
+    return True
 
 
 def _record_new_events(attempt: JobAttempt, events: Iterable[dict[str, Any]]) -> None:
@@ -447,7 +302,7 @@ def attempts_stop(*, job_pk: int) -> None:
             continue
         failed |= not _request_stop(adapter, attempt)
     if failed:
-        _send(cc.CANCEL_JOB, [job_pk], STOP_RESEND_SECONDS)
+        send_task(cc.CANCEL_JOB, [job_pk], STOP_RESEND_SECONDS)
 
 
 # --- reconcile --------------------------------------------------------------------------------

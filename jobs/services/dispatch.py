@@ -1,4 +1,4 @@
-"""The own-fleet dispatcher: queued ``local`` jobs onto idle GPU nodes that fit them.
+"""The own-fleet dispatcher: queued ``local`` (and ``auto``) jobs onto idle GPU nodes that fit.
 
 Queued jobs stay in the database until placed. :func:`dispatch_queued` runs when a job is
 queued, when a node turns idle, and on every fleet tick; several may run at once: a placement
@@ -33,6 +33,7 @@ from jobs.services.attempts import attempt_start
 from jobs.services.events import event_append
 from jobs.services.nodes import node_settle
 from jobs.states import JobStatus
+from providers.registry import AUTO_TARGET
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -48,27 +49,25 @@ URL_SLACK_SECONDS = 6 * 3600
 def dispatch_queued() -> int:
     """Place as many queued local jobs as idle nodes allow; returns how many were placed."""
     placed = 0
-    jobs = list(
-        TrainingJob.objects.filter(status=S.QUEUED, target=LOCAL).order_by("-priority", "id")[
-            :DISPATCH_BATCH
-        ]
-    )
+    # ``auto`` jobs take an idle node that fits; if none does, placement offers them to clouds.
+    queued = TrainingJob.objects.filter(status=S.QUEUED, target__in=(LOCAL, AUTO_TARGET))
+    jobs = list(queued.order_by("-priority", "id")[:DISPATCH_BATCH])
     if not jobs:
         return 0
     nodes = list(GpuNode.objects.order_by("name"))
     for job in jobs:
         fitting = [n for n in nodes if misfit(job.gpu, job.node_selector, n) is None]
         idle = [n for n in fitting if n.status == N.IDLE]
-        node = next((n for n in idle if _place(job, n)), None)
+        node = next((n for n in idle if place_on_node(job, n)), None)
         if node is not None:
             node.status = N.BUSY  # for the rest of this pass
             placed += 1
-        else:
-            _note_waiting(job, _waiting_reason(job, nodes, fitting))
+        elif job.target == LOCAL:
+            note_waiting(job, _waiting_reason(job, nodes, fitting))
     return placed
 
 
-def _place(job: TrainingJob, node: GpuNode) -> bool:
+def place_on_node(job: TrainingJob, node: GpuNode) -> bool:
     """Start an attempt of ``job`` on ``node`` if both are still free; True if it was."""
     try:
         with transaction.atomic():
@@ -106,7 +105,7 @@ def _waiting_reason(job: TrainingJob, nodes: list[GpuNode], fitting: list[GpuNod
     return f"No online node fits this job: {why}.{tail}"[:1000]
 
 
-def _note_waiting(job: TrainingJob, reason: str) -> None:
+def note_waiting(job: TrainingJob, reason: str) -> None:
     """Record why the job waits, as a field and an event, only when the reason changes."""
     if reason == job.waiting_reason:
         return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,9 +16,10 @@ from django.utils import timezone
 from gpu_worker import celery_conf, spec
 from jobs import placement, storage
 from jobs.errors import Conflict, InvalidRequest, InvalidTransition, LimitExceeded
-from jobs.models import IdempotencyKey, Project, TrainingFile, TrainingJob
+from jobs.models import GpuNode, IdempotencyKey, Project, TrainingFile, TrainingJob
 from jobs.services.events import event_append
 from jobs.services.retention import storage_forget
+from jobs.services.targets import target_problem
 from jobs.states import ALLOWED_FROM, LIVE, TERMINAL, JobStatus
 from providers import registry
 
@@ -37,6 +37,7 @@ JOB_FIELDS = (
     "max_attempts",
     "gpu",
     "node_selector",
+    "max_price_per_hour",
 )
 
 
@@ -93,11 +94,11 @@ def job_transition(
 
 
 def _on_queued(job_pk: int, target: str) -> None:
-    """Cloud targets launch through submit_attempt; local jobs go to the node dispatcher."""
+    """Cloud and ``auto`` jobs are placed by submit_attempt; local jobs go to the dispatcher."""
     from trainhub.celery import app
 
     entry = registry.get(target)
-    if entry is not None and entry.adapter_factory is not None:
+    if target == registry.AUTO_TARGET or (entry is not None and entry.adapter_factory):
         app.send_task(celery_conf.SUBMIT_ATTEMPT, args=[job_pk])
     elif target == "local":
         from jobs.services.nodes import send_dispatch
@@ -153,45 +154,39 @@ def _project_file(project: Project, file_id: object, param: str) -> TrainingFile
 
 def _check_target(project: Project, name: object) -> str:
     if name == registry.AUTO_TARGET:
-        raise _param_error(
-            "target 'auto' needs automatic placement, which this installation does not offer yet; "
-            f"choose one of: {', '.join(registry.names())}.",
-            "target",
-        )
+        return _check_auto(project)
     entry = registry.get(name) if isinstance(name, str) else None
     if entry is None:
         raise _param_error(
             f"Unknown target {name!r}; available: {', '.join(registry.names())}.", "target"
         )
-    problem = entry.misconfiguration()
-    if problem:
-        raise _param_error(
-            f"target '{entry.name}' is not available: {problem}.", "target", "target_unavailable"
-        )
-    if entry.adapter_factory is not None and not storage.reachable_from_cloud():
-        # Refused now, before a GPU is rented that could not fetch its data.
-        raise _param_error(
-            f"target '{entry.name}' runs on rented machines that cannot reach this "
-            "installation's local storage; the operator must set TRAINHUB_STORAGE=s3 (with "
-            "TRAINHUB_S3_BUCKET) or a public TRAINHUB_PUBLIC_URL. Use target 'local' meanwhile.",
-            "target",
-            "storage_unreachable",
-        )
-    kind = entry.credential_kind
-    if kind and not (
-        project.credentials.filter(provider=kind).exists()
-        or (
-            kind in project.operator_credential_providers
-            and os.environ.get(f"{kind.upper()}_API_KEY")
-        )
-    ):
-        raise _param_error(
-            f"target '{entry.name}' needs a '{kind}' credential in this project "
-            "(POST /api/v1/credentials/) or operator credentials enabled for it.",
-            "target",
-            "missing_credentials",
-        )
+    problem = target_problem(project=project, target=entry)
+    if problem is not None:
+        code, message = problem
+        raise _param_error(message, "target", code)
     return entry.name
+
+
+def _check_auto(project: Project) -> str:
+    """``auto`` needs somewhere to go: the own fleet, or a priced cloud the project can use."""
+    if GpuNode.objects.exists():
+        return registry.AUTO_TARGET
+    reasons = []
+    for entry in registry.cloud_targets():
+        if not entry.has_offers:
+            continue
+        problem = target_problem(project=project, target=entry)
+        if problem is None:
+            return registry.AUTO_TARGET
+        reasons.append(problem[1])
+    raise _param_error(
+        "target 'auto' has nowhere to place this job: no GPU node is registered and no cloud "
+        "with a price list is usable"
+        + (f" ({' '.join(reasons)})" if reasons else "")
+        + ". Register a node or add a provider credential.",
+        "target",
+        "target_unavailable",
+    )
 
 
 def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,7 +212,7 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(suffix, str) or len(suffix) > 64:
         raise _param_error("suffix must be a string of at most 64 characters.", "suffix")
     validation_id = data.get("validation_file")
-    return {
+    parsed = {
         "model": model,
         "adapter": spec_to_json(adapter),
         "hyperparameters": spec_to_json(hyper),
@@ -238,7 +233,17 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
         "max_attempts": _int_field(data, "max_attempts", 3, 1, 10),
         "gpu": placement.parse_gpu(data.get("gpu")),
         "node_selector": placement.parse_node_selector(data.get("node_selector")),
+        "max_price_per_hour": placement.parse_price(data.get("max_price_per_hour")),
     }
+    entry = registry.get(parsed["target"])
+    capped = parsed["max_price_per_hour"] is not None
+    if capped and entry is not None and entry.adapter_factory and not entry.has_offers:
+        raise _param_error(  # refused now rather than discovered on the bill
+            f"target '{entry.name}' has no price list, so max_price_per_hour cannot be "
+            "enforced there; use a target with offers (GET /api/v1/providers/) or 'auto'.",
+            "max_price_per_hour",
+        )
+    return parsed
 
 
 def spec_to_json(value: object) -> dict[str, Any]:

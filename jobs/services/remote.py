@@ -45,8 +45,15 @@ def attempt_public_key(attempt: JobAttempt) -> str:
     return ssh.public_key_of(_private_key(attempt), comment=machine_name(attempt))
 
 
-def remote_dir(attempt: JobAttempt) -> str:
-    return f"{settings.TRAINHUB_REMOTE_DIR.rstrip('/')}/{attempt.job.public_id}-a{attempt.number}"
+def remote_dir(attempt: JobAttempt, address: SshAddress) -> str:
+    """The attempt's directory on the machine. A leading ``~`` is the login user's home, named
+    by the usual convention (root: /root, others: /home/<user>): paths are used by SFTP and
+    quoted in shell commands, where no ``~`` is expanded."""
+    base = settings.TRAINHUB_REMOTE_DIR.rstrip("/")
+    if base == "~" or base.startswith("~/"):
+        home = "/root" if address.username == "root" else f"/home/{address.username}"
+        base = home + base[1:]
+    return f"{base}/{attempt.job.public_id}-a{attempt.number}"
 
 
 def attempt_drive(*, attempt: JobAttempt, state: RemoteState) -> None:
@@ -54,13 +61,14 @@ def attempt_drive(*, attempt: JobAttempt, state: RemoteState) -> None:
     if state.status != RemoteStatus.RUNNING or state.ssh is None:
         _check_ready_deadline(attempt)
         return
-    directory = remote_dir(attempt)
+    directory = remote_dir(attempt, state.ssh)
     executor = ssh.RemoteExecutor(
         state.ssh,
         private_key=_private_key(attempt),
         known_host_key=attempt.ssh_host_key,
         remote_dir=directory,
         python=settings.TRAINHUB_REMOTE_PYTHON,
+        setup=settings.TRAINHUB_REMOTE_SETUP,
     )
     try:
         with executor:
@@ -119,7 +127,7 @@ def _exited(attempt: JobAttempt, executor: ssh.RemoteExecutor, code: int) -> Non
         return
     tail = bytearray()
     with contextlib.suppress(TransientProviderError, PermanentProviderError, OSError):
-        executor.fetch(f"{remote_dir(attempt)}/executor.log", tail.extend)
+        executor.fetch(f"{remote_dir(attempt, executor.address)}/executor.log", tail.extend)
     text = bytes(tail[-LOG_TAIL_BYTES:]).decode("utf-8", "replace").strip()
     attempt_end(
         attempt=fresh,

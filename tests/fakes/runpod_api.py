@@ -44,12 +44,14 @@ API_KEY = "rp-test-key"
 # per route, so a guess at something sane.
 DEFAULT_RATE_LIMITS = {"run": (1000, 10.0), "status": (2000, 10.0), "cancel": (100, 10.0)}
 DEFAULT_RATE_LIMITS |= {f"pods.{op}": (100, 10.0) for op in ("create", "list", "get", "delete")}
+DEFAULT_RATE_LIMITS["catalog"] = (100, 10.0)
 # (bucket, method, path after /v2); "*" captures a segment. Pods first: "pods" is no endpoint.
 ROUTES = (
     ("pods.list", "GET", ("pods",)),
     ("pods.create", "POST", ("pods",)),
     ("pods.get", "GET", ("pods", "*")),
     ("pods.delete", "DELETE", ("pods", "*")),
+    ("catalog", "GET", ("catalog", "gpus")),
     ("run", "POST", ("*", "run")),
     ("status", "GET", ("*", "status", "*")),
     ("cancel", "POST", ("*", "cancel", "*")),
@@ -68,6 +70,14 @@ POD_DEFAULTS = {"image": "", "args": "", "disk": 50, "mounts": {}, "ports": [], 
 POD_DEFAULTS |= {"registry": None, "cloud": "SECURE", "template": None, "locked": False}
 GPU_PRICES = {"NVIDIA H100 80GB HBM3": 2.99, "NVIDIA A100 80GB PCIe": 1.64, "NVIDIA L40S": 0.86}
 DEFAULT_GPU_PRICE = 2.49  # USD per GPU-hour for any other GPU id
+# The GPU catalogue (GET /v2/catalog/gpus): id → (display name, VRAM GB); priced as pods bill.
+CATALOG = {
+    "NVIDIA H100 80GB HBM3": ("H100 SXM", 80),
+    "NVIDIA A100 80GB PCIe": ("A100 PCIe", 80),
+    "NVIDIA L40S": ("L40S", 48),
+    "NVIDIA RTX A6000": ("RTX A6000", 48),
+    "NVIDIA GeForce RTX 4090": ("RTX 4090", 24),
+}
 # podAction's description: the actions each status allows (published in the pod's `actions`).
 ACTIONS = {"PROVISIONING": ["stop", "terminate"], "STARTING": ["stop", "terminate"]}
 ACTIONS |= {"RUNNING": ["stop", "restart", "terminate"], "EXITED": ["start", "terminate"]}
@@ -429,6 +439,8 @@ class FakeRunpod:
                 return Reply(200, self._pod_view(pod, now))
             pod.terminated = now
             return Reply(204)
+        if call.bucket == "catalog":
+            return Reply(200, {"gpus": [self._gpu_type(i, call.query) for i in CATALOG]})
         if call.bucket == "run":
             return self._submit(call.args[0], call.body, now)
         job = self._jobs.get(call.args[1])
@@ -517,6 +529,20 @@ class FakeRunpod:
             rate = 0.04 * vcpus
         view["cost"] = 0.0 if status in ("EXITED", "TERMINATED") else round(rate, 4)
         return view
+
+    @staticmethod
+    def _gpu_type(gpu_id: str, query: dict[str, list[str]]) -> dict[str, Any]:
+        """A v2 GpuType, sold in both clouds at the rate its pods bill, always in stock."""
+        name, memory = CATALOG[gpu_id]
+        price = GPU_PRICES.get(gpu_id, DEFAULT_GPU_PRICE)
+        gpu: dict[str, Any] = {"id": gpu_id, "name": name, "pool": None, "memory": memory}
+        gpu |= {"manufacturer": "NVIDIA", "secure": True, "community": True}
+        gpu["price"] = {"secure": price, "community": round(price * 0.8, 2), "serverless": None}
+        gpu["maxCount"] = {"secure": 8, "community": 8}
+        if "AVAILABILITY" in query.get("include", [""])[0].split(","):
+            gpu["availability"] = "HIGH"
+            gpu["dataCenters"] = [{"id": "US-TX-3", "name": "US-TX-3", "availability": "HIGH"}]
+        return gpu
 
     # --- serverless --------------------------------------------------------------------------
 

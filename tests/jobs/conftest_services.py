@@ -48,3 +48,16 @@ def fake_cloud(settings) -> Iterator[FakeAdapter]:
     adapter = register_fake("fake-cloud")
     yield adapter
     registry.unregister("fake-cloud")
+
+
+@pytest.fixture
+def fresh_provider_state() -> None:
+    """Offers, refusals and the providers' rate-limit bookings live in Redis across processes
+    and tests: a test using this starts without them (an earlier test's Lambda launch would
+    otherwise make this one's wait out its 12.5 s window)."""
+    from jobs.locks import redis_client
+
+    client = redis_client()
+    for pattern in ("trainhub:offers:*", "trainhub:ratelimit:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)

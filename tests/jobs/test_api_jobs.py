@@ -25,6 +25,7 @@ JOB_KEYS = {
     "organization_id", "status", "training_file", "validation_file", "method", "adapter",
     "hyperparameters", "seed", "suffix", "target", "max_runtime_seconds", "max_attempts",
     "gpu", "node_selector", "waiting_reason", "trained_tokens", "metrics", "error",
+    "max_price_per_hour", "estimated_cost", "cost",
 }  # fmt: skip
 BROKEN = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{oops\n'
 
@@ -57,6 +58,20 @@ def _status(job_id: str) -> str:
 
 
 # --- create ---------------------------------------------------------------------------------
+
+
+def test_a_price_cap_is_shown_as_a_number(api, project, processed_file, settings) -> None:
+    settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
+    from providers import registry
+    from tests.providers.fake import register_fake
+
+    register_fake("priced-cloud", has_offers=True)
+    try:
+        body = _job_body(processed_file.public_id, target="priced-cloud", max_price_per_hour="1.25")
+        job = _create(api, body).json()
+    finally:
+        registry.unregister("priced-cloud")
+    assert (job["max_price_per_hour"], job["estimated_cost"], job["cost"]) == (1.25, None, None)
 
 
 def test_create_with_processed_file_is_queued(api, project, processed_file) -> None:

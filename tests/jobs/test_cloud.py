@@ -13,7 +13,7 @@ from django.utils import timezone
 from gpu_worker import celery_conf as cc
 from jobs import storage, tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import cloud
+from jobs.services import cloud, launch
 from jobs.services.jobs import job_cancel
 from jobs.services.projects import credential_create
 from jobs.states import JobStatus
@@ -138,7 +138,7 @@ def test_a_launch_that_surely_did_not_happen_is_retried_with_backoff(
 def test_retries_stop_after_the_backoff_schedule(fake_cloud, make_job, sent) -> None:
     fake_cloud.launch_error = TransientProviderError("HTTP 503", maybe_applied=False)
     job, attempt = launched(make_job, max_attempts=1)
-    tasks.provision_attempt(attempt.pk, len(cloud.LAUNCH_RETRY_SECONDS))
+    tasks.provision_attempt(attempt.pk, len(launch.LAUNCH_RETRY_SECONDS))
     job.refresh_from_db()
     assert (job.status, job.error_code) == (S.FAILED, "provider_error")
 

@@ -92,6 +92,7 @@ def test_fifty_pod_jobs_under_30_percent_failures_all_end_and_leave_no_pod(
         _run_sent_tasks(sent)
         JobAttempt.objects.filter(ended_at__isnull=True).update(next_poll_at=None)
         tasks.poll_target("runpod-pod")
+        tasks.place_waiting()  # what beat does: jobs whose offers could not be listed
         tick += 1
         if tick % 5 == 0:
             cloud.providers_reconcile()

@@ -363,7 +363,7 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert scheduled == {
         cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK, cc.STORAGE_SWEEP,
-        cc.RECONCILE_PROVIDERS,
+        cc.RECONCILE_PROVIDERS, cc.PLACE_WAITING,
     }  # fmt: skip
     assert app.conf.broker_transport_options["visibility_timeout"] > cc.LONGEST_JOB_SECONDS
 

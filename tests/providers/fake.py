@@ -7,11 +7,12 @@ same way they find a provider, through ``providers.registry``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from providers import registry
-from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus
+from providers.base import Handle, LaunchRequest, Offer, RemoteState, RemoteStatus
+from providers.errors import NoCapacity
 
 
 @dataclass
@@ -29,6 +30,11 @@ class FakeAdapter:
     names: dict[str, str] = field(default_factory=dict)  # instance id → machine name
     secrets_seen: list[dict[str, str]] = field(default_factory=list)
     launch_error: Exception | None = None
+    # Targets with a price list: what offers() returns, the gpu needs it was asked with, and
+    # the offer ids whose launch answers "no capacity".
+    offer_list: list[Offer] = field(default_factory=list)
+    offer_queries: list[dict[str, object]] = field(default_factory=list)
+    full: set[str] = field(default_factory=set)
     # Runs inside launch(), before the handle is returned: a stand-in for whatever another
     # process does while the provider call is in flight.
     on_launch: Callable[[LaunchRequest], None] | None = None
@@ -42,6 +48,10 @@ class FakeAdapter:
             self.on_launch(request)
         if self.launch_error is not None:
             raise self.launch_error
+        if request.offer is not None and request.offer.offer_id in self.full:
+            raise NoCapacity(
+                f"offer {request.offer.offer_id} has no machine free", provider=self.name
+            )
         instance_id = f"{self.name}-i{next(self._ids)}"
         self.states[instance_id] = RemoteState(RemoteStatus.PENDING, "starting")
         self.names[instance_id] = request.name
@@ -62,6 +72,10 @@ class FakeAdapter:
         if handle.instance_id in self.states:  # cancel of a missing instance is success
             self.states[handle.instance_id] = RemoteState(RemoteStatus.CANCELLED, "terminated")
 
+    def offers(self, gpu: Mapping[str, object]) -> list[Offer]:
+        self.offer_queries.append(dict(gpu))
+        return sorted(self.offer_list, key=lambda o: o.price_per_hour)
+
     def list_instances(self) -> list[Handle]:
         return [
             Handle(instance_id=i, name=self.names.get(i, ""))
@@ -70,6 +84,21 @@ class FakeAdapter:
         ]
 
     # --- test helpers --------------------------------------------------------------------------
+
+    def add_offer(
+        self, offer_id: str, price: float, *, gpu: str = "RTX 4090", count: int = 1, **extra: object
+    ) -> Offer:
+        offer = Offer(
+            target=self.name,
+            offer_id=offer_id,
+            gpu_name=gpu,
+            gpu_count=count,
+            vram_gb=float(extra.pop("vram_gb", 24)),  # type: ignore[arg-type]
+            price_per_hour=price,
+            **extra,  # type: ignore[arg-type]
+        )
+        self.offer_list.append(offer)
+        return offer
 
     def set_state(
         self, instance_id: str, status: RemoteStatus, message: str = "", **extra: object
@@ -82,7 +111,12 @@ class FakeAdapter:
 
 
 def register_fake(
-    name: str = "fake-cloud", *, credential_kind: str | None = None, poll_batch: int = 10_000
+    name: str = "fake-cloud",
+    *,
+    credential_kind: str | None = None,
+    poll_batch: int = 10_000,
+    has_offers: bool = False,
+    ssh_executor: bool = False,
 ) -> FakeAdapter:
     """Register ``name`` as a cloud target backed by one shared FakeAdapter; returns it.
     The secrets each adapter was built with are kept in ``adapter.secrets_seen``.
@@ -100,6 +134,8 @@ def register_fake(
             credential_kind=credential_kind,
             adapter_factory=factory,
             poll_batch=poll_batch,
+            has_offers=has_offers,
+            ssh_executor=ssh_executor,
         )
     )
     return adapter

@@ -63,3 +63,49 @@ def pod(pod_id: str, status: str, *, name: str, public_key: str, gpu: str = H100
         "createdAt": "2026-09-30T12:00:00Z",
         "startedAt": "2026-09-30T12:02:00Z" if running else None,
     }
+
+
+def gpu_type(
+    gpu_id: str,
+    name: str,
+    memory: int | None,
+    *,
+    secure: float | None,
+    community: float | None,
+    availability: str | None = "HIGH",
+    max_count: tuple[int, int] = (8, 8),
+    pool: str | None = "HOPPER_80",
+    data_centers: tuple[str, ...] = ("US-TX-3",),
+) -> dict[str, Any]:
+    """A v2 GpuType as ``GET /v2/catalog/gpus`` returns it: list prices in USD per hour for
+    one GPU per cloud (a cloud that does not sell the type is flagged off and priced 0),
+    ``maxCount`` per cloud, and, only when asked for with ``include=AVAILABILITY``, an
+    ``availability`` level (NONE, LOW, MEDIUM, HIGH) with the data centres that stock it.
+    ``availability=None`` builds the answer without that expansion."""
+    gpu: dict[str, Any] = {
+        "id": gpu_id,
+        "name": name,
+        "pool": pool,
+        "manufacturer": "NVIDIA",
+        "memory": memory,
+        "secure": secure is not None,
+        "community": community is not None,
+        "price": {"secure": secure or 0.0, "community": community or 0.0, "serverless": 2.72},
+        "maxCount": {"secure": max_count[0], "community": max_count[1]},
+    }
+    if memory is None:
+        del gpu["memory"]
+    if availability is not None:
+        gpu["availability"] = availability
+        if availability != "NONE":  # omitted when the type is out of stock everywhere
+            gpu["dataCenters"] = [
+                {"id": dc, "name": dc.replace("-", " "), "availability": availability}
+                for dc in data_centers
+            ]
+        gpu["cudaVersions"] = [{"version": "12.8", "available": availability != "NONE"}]
+    return gpu
+
+
+def catalog(*gpus: dict[str, Any]) -> dict[str, Any]:
+    """The ``{"gpus": [...]}`` wrapper of the v2 catalogue listing."""
+    return {"gpus": list(gpus)}

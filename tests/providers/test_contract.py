@@ -9,15 +9,14 @@ A new adapter joins by adding a ``Case`` to ``CASES``."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import responses
 
 from providers import runpod_pod, runpod_serverless
-from providers.base import Handle, LaunchRequest, ProviderAdapter, RemoteStatus
+from providers.base import ProviderAdapter, RemoteStatus
 from providers.errors import (
     InvalidCredentials,
     ProviderError,
@@ -26,65 +25,10 @@ from providers.errors import (
 )
 from providers.http import ProviderHTTP, RetryPolicy
 from tests.providers import runpod_payloads
+from tests.providers.contract import KEY, REQUEST, Case, Exchange, Sleep, Sleeps
+from tests.providers.lambda_payloads import LAMBDA_CASE
 from tests.providers.runpod_payloads import HTML_502
-
-KEY = "rpa_CONTRACT_KEY_9b2e4c7a51d3"  # distinctive: it must never appear in an error
-Sleep = Callable[[float], None]
-REQUEST = LaunchRequest(
-    job_id="ftjob-x",
-    attempt=2,
-    name="trainhub-ftjob-x-a2",
-    max_runtime_seconds=3600,
-    spec={"version": 1, "job_id": "ftjob-x", "attempt": 2},
-    gpu={"count": 1, "min_vram_gb": 40},
-    ssh_public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIcontract trainhub-ftjob-x-a2",
-)
-
-
-@dataclass(frozen=True)
-class Exchange:
-    """One call an adapter makes, and the provider's success answer to it."""
-
-    method: str
-    url: str
-    status: int = 200
-    json: object = None  # None: no body (204)
-
-    def answer(self) -> None:
-        responses.add(self.method, self.url, status=self.status, json=self.json)
-
-    def fail(self, status: int, **answer: Any) -> None:
-        responses.add(self.method, self.url, status=status, **answer)
-
-    def calls(self) -> list[Any]:
-        return [
-            c
-            for c in responses.calls
-            if c.request.method == self.method and c.request.url.split("?")[0] == self.url
-        ]
-
-
-@dataclass(frozen=True)
-class Case:
-    """What the contract needs to know about one adapter."""
-
-    name: str
-    base_url: str
-    build: Callable[[str, Sleep], ProviderAdapter]  # (base URL, sleep) → adapter
-    instance_id: str
-    launch: Exchange
-    cancel: Callable[[str], Exchange]  # instance id → its cancel call
-    # (instance ids, raw provider status) → the calls one poll makes, answered with that status
-    poll: Callable[[Sequence[str], str], list[Exchange]]
-    status_map: Mapping[str, RemoteStatus]
-    documented_statuses: frozenset[str]
-    unauthorized: dict[str, object]  # the provider's 401 body
-    not_found: dict[str, object]  # its 404 body for an id it does not know
-    before_launch: tuple[Exchange, ...] = field(default=())  # calls a launch makes first
-
-    def handle(self, instance_id: str = "") -> Handle:
-        return Handle(instance_id=instance_id or self.instance_id, name=REQUEST.name)
-
+from tests.providers.vast_payloads import VAST_CASE
 
 # --- RunPod serverless: api.runpod.ai/v2/{endpoint}/run|status|cancel -------------------------
 
@@ -173,23 +117,13 @@ POD_CASE = Case(
     not_found={"title": "Not Found", "status": 404, "detail": "resource not found"},
 )
 
-CASES = {c.name: c for c in (SERVERLESS_CASE, POD_CASE)}
+CASES = {c.name: c for c in (SERVERLESS_CASE, POD_CASE, LAMBDA_CASE, VAST_CASE)}
 STATUS_CASES = [(name, raw) for name, c in CASES.items() for raw in c.status_map]
-
-
-class Sleeps(list[float]):
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
 
 
 @pytest.fixture(params=list(CASES))
 def case(request: pytest.FixtureRequest) -> Case:
     return CASES[request.param]
-
-
-@pytest.fixture
-def sleeps() -> Sleeps:
-    return Sleeps()
 
 
 def raised(error: type[Exception], call: Callable[[], object]) -> Exception:
@@ -208,7 +142,7 @@ def any_status(case: Case) -> str:
 
 def call_verb(case: Case, adapter: ProviderAdapter, verb: str) -> object:
     if verb == "launch":
-        return adapter.launch(REQUEST)
+        return adapter.launch(case.request)
     if verb == "poll":
         return adapter.poll([case.handle()])
     return adapter.cancel(case.handle())
@@ -287,7 +221,7 @@ def test_a_5xx_on_launch_is_maybe_applied_and_sent_once(case: Case, sleeps: Slee
         lookup.answer()
     case.launch.fail(502, body=HTML_502, content_type="text/html")
     adapter = case.build(case.base_url, sleeps)
-    error = raised(TransientProviderError, lambda: adapter.launch(REQUEST))
+    error = raised(TransientProviderError, lambda: adapter.launch(case.request))
     assert isinstance(error, TransientProviderError) and error.maybe_applied
     assert len(case.launch.calls()) == 1, "a launch that may have rented a machine is not repeated"
     assert sleeps == []
@@ -300,7 +234,7 @@ def test_a_long_retry_after_goes_back_to_the_caller_on_launch(case: Case, sleeps
     wait = int(RetryPolicy().retry_after_max_seconds) * 2
     case.launch.fail(429, headers={"Retry-After": str(wait)}, json={"title": "Too Many Requests"})
     adapter = case.build(case.base_url, sleeps)
-    error = raised(RateLimited, lambda: adapter.launch(REQUEST))
+    error = raised(RateLimited, lambda: adapter.launch(case.request))
     assert isinstance(error, RateLimited) and error.retry_after == wait
     assert len(case.launch.calls()) == 1 and sleeps == []
 

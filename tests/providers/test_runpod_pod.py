@@ -1,6 +1,6 @@
 """The RunPod pods adapter (REST v2) against ``responses`` answers shaped like RunPod's
-documented ones: the v2 Pod object (``ssh {proxy, direct}``, ``runtime`` null until RUNNING),
-``{"pods": [...]}`` listings, RFC 9457 problems for 4xx, HTML pages from the edge for 5xx, and
+documented ones: the v2 Pod object (``ssh {proxy, direct}``, ``runtime`` null until RUNNING,
+``cost`` in USD per hour), ``{"pods": [...]}`` listings, the ``{"gpus": [GpuType]}`` catalogue, RFC 9457 problems for 4xx, HTML pages from the edge for 5xx, and
 429 with ``Retry-After`` in integer seconds."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import responses
 from responses import matchers
 
-from providers.base import Handle, LaunchRequest, RemoteStatus, SshAddress
+from providers.base import Handle, LaunchRequest, Offer, RemoteStatus, SshAddress
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -23,8 +23,9 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.http import ProviderHTTP, RetryPolicy
-from providers.runpod_pod import RunpodPods, gpu_candidates
+from providers.runpod_pod import RunpodPods, gpu_candidates, in_stock
 from tests.providers import runpod_payloads
+from tests.providers.contract import Sleeps
 from tests.providers.runpod_payloads import H100, HTML_502, IMAGE
 
 BASE = "https://api.runpod.io/v2"
@@ -36,30 +37,23 @@ L40S = "NVIDIA L40S"
 CATALOG = [f"{H100}=80", f"{A100}=80", f"{L40S}=48"]
 
 
-class Sleeps(list[float]):
-    def __call__(self, seconds: float) -> None:
-        self.append(seconds)
-
-
-@pytest.fixture
-def sleeps() -> Sleeps:
-    return Sleeps()
-
-
 def adapter(
-    sleep: Callable[[float], None] = lambda s: None, gpu_types: list[str] | None = None
+    sleep: Callable[[float], None] = lambda s: None,
+    gpu_types: list[str] | None = None,
+    cloud: str = "SECURE",
 ) -> RunpodPods:
     return RunpodPods(
         api_key=KEY,
         http=ProviderHTTP(provider="runpod-pod", base_url=BASE, sleep=sleep),
         image=IMAGE,
         gpu_types=CATALOG if gpu_types is None else gpu_types,
+        cloud=cloud,
         cuda_versions=["12.8"],
         disk_gb=80,
     )
 
 
-def request(gpu: dict[str, object] | None = None) -> LaunchRequest:
+def request(gpu: dict[str, object] | None = None, offer: Offer | None = None) -> LaunchRequest:
     return LaunchRequest(
         job_id="ftjob-x",
         attempt=2,
@@ -67,6 +61,7 @@ def request(gpu: dict[str, object] | None = None) -> LaunchRequest:
         max_runtime_seconds=3600,
         gpu=gpu if gpu is not None else {"count": 1},
         ssh_public_key=PUBKEY,
+        offer=offer,
     )
 
 
@@ -253,6 +248,75 @@ def test_a_502_to_the_create_is_never_repeated_and_the_retry_finds_the_pod() -> 
     assert len(posts()) == 1, "no second pod"
 
 
+# --- launch of a priced offer -------------------------------------------------------------------
+
+
+def offer(gpu_id: str = A100, count: int = 2, target: str = "runpod-pod") -> Offer:
+    return Offer(
+        target=target,
+        offer_id=gpu_id,
+        gpu_name=gpu_id,
+        gpu_count=count,
+        vram_gb=80.0,
+        price_per_hour=2.78,
+        details={"name": "A100 PCIe", "cloud": "SECURE", "stock": "LOW", "data_centers": []},
+    )
+
+
+@responses.activate
+def test_an_offer_is_created_on_exactly_its_gpu_type_and_count() -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=201, json=pod("new1", "PROVISIONING", gpu=A100))
+    # H100 is first in RUNPOD_POD_GPU_TYPES and fits too: the offer alone decides.
+    handle = adapter().launch(request({"count": 2, "min_vram_gb": 80}, offer=offer()))
+    assert handle == Handle(instance_id="new1", name=NAME)
+    (call,) = posts()
+    assert json.loads(call.request.body) == {
+        "name": NAME,
+        "image": IMAGE,
+        "gpu": {"id": A100, "count": 2, "allowedCudaVersions": ["12.8"]},
+        "cloud": "SECURE",
+        "disk": 80,
+        "ports": ["22/tcp"],
+        "env": {"PUBLIC_KEY": PUBKEY},
+    }
+
+
+@responses.activate
+def test_a_400_to_an_offer_is_no_capacity_naming_it_and_no_other_type_is_tried() -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=400, json=NO_CAPACITY)
+    error = raised(NoCapacity, lambda: adapter().launch(request({"count": 2}, offer=offer())))
+    assert sent_gpus() == [A100], "not H100 nor L40S: another type is another price"
+    assert A100 in error.message and "no longer any instances available" in error.message
+    assert error.retryable and error.status == 400
+
+
+@responses.activate
+def test_a_refusal_no_capacity_explains_is_not_dressed_up_as_one() -> None:
+    lookup()
+    responses.post(f"{BASE}/pods", status=402, json=problem(402, "Payment Required", "balance"))
+    error = raised(PermanentProviderError, lambda: adapter().launch(request(offer=offer())))
+    assert type(error) is PermanentProviderError and error.status == 402
+    assert len(posts()) == 1
+
+
+@responses.activate
+def test_a_pod_of_this_attempt_is_reused_before_any_offer_is_rented() -> None:
+    lookup(pod("abc123xyz", "STARTING", gpu=A100))
+    assert adapter().launch(request(offer=offer())) == Handle("abc123xyz", NAME)
+    assert posts() == []
+
+
+@responses.activate
+def test_an_offer_of_another_target_is_refused_before_any_post() -> None:
+    lookup()
+    bad = offer(gpu_id="gpu_1x_h100_sxm5@us-east-1", target="lambda")
+    error = raised(PermanentProviderError, lambda: adapter().launch(request(offer=bad)))
+    assert "lambda" in error.message and "runpod-pod" in error.message
+    assert posts() == []
+
+
 # --- poll ---------------------------------------------------------------------------------------
 
 
@@ -323,6 +387,26 @@ def test_status_map(listed: dict[str, Any], status: RemoteStatus, ssh: SshAddres
     assert state.message
 
 
+@pytest.mark.parametrize(
+    ("listed", "price"),
+    [
+        (pod("p1", "RUNNING"), 2.69),
+        (pod("p1", "PROVISIONING"), 2.69),  # billed from the moment the pod is rented
+        (pod("p1", "EXITED"), None),  # cost 0.0 once exited: nothing is billed for the GPU
+        ({**pod("p1", "RUNNING"), "cost": 5.38}, 5.38),
+        ({**pod("p1", "RUNNING"), "cost": None}, None),
+        ({**pod("p1", "RUNNING"), "cost": "2.69"}, None),
+        ({k: v for k, v in pod("p1", "RUNNING").items() if k != "cost"}, None),
+        (pod("other", "RUNNING"), None),  # p1 is not listed
+    ],
+    ids=["running", "provisioning", "exited", "two-gpus", "null", "string", "absent", "missing"],
+)
+@responses.activate
+def test_the_billed_rate_is_the_pods_cost(listed: dict[str, Any], price: float | None) -> None:
+    responses.get(f"{BASE}/pods", json={"pods": [listed]})
+    assert adapter().poll([Handle("p1", NAME)])["p1"].price_per_hour == price
+
+
 # --- cancel -------------------------------------------------------------------------------------
 
 
@@ -375,6 +459,181 @@ def test_list_instances_is_our_pods_that_still_exist() -> None:
         Handle("p3", "trainhub-ftjob-c-a3"),
         Handle("p4", "trainhub-ftjob-d-a1"),
     ]
+    assert len(responses.calls) == 1
+
+
+# --- offers -------------------------------------------------------------------------------------
+
+RTX4090 = "NVIDIA GeForce RTX 4090"
+H100_TYPE = runpod_payloads.gpu_type(H100, "H100 SXM", 80, secure=2.69, community=1.99)
+A100_TYPE = runpod_payloads.gpu_type(
+    A100, "A100 PCIe", 80, secure=1.39, community=1.19, availability="LOW", pool="AMPERE_80"
+)
+L40S_TYPE = runpod_payloads.gpu_type(
+    L40S, "L40S", 48, secure=0.86, community=0.79, availability="NONE", pool="ADA_48_PRO"
+)
+# Cheapest of all, and not in RUNPOD_POD_GPU_TYPES: never offered.
+RTX4090_TYPE = runpod_payloads.gpu_type(
+    RTX4090, "RTX 4090", 24, secure=0.59, community=0.34, pool="ADA_24"
+)
+EVERY_TYPE = (RTX4090_TYPE, L40S_TYPE, H100_TYPE, A100_TYPE)
+
+
+def listing(*gpus: dict[str, Any], cloud: str = "SECURE", count: int = 1) -> None:
+    """``GET /catalog/gpus`` asked for pod availability in ``cloud`` at ``count`` GPUs, on the
+    CUDA versions a launch allows."""
+    params = {
+        "include": "AVAILABILITY",
+        "product": "POD",
+        "cloud": cloud,
+        "count": str(count),
+        "cudaVersions": "12.8",
+    }
+    responses.get(
+        f"{BASE}/catalog/gpus",
+        json=runpod_payloads.catalog(*gpus),
+        match=[matchers.query_param_matcher(params)],
+    )
+
+
+@responses.activate
+def test_offers_are_the_configured_types_priced_for_the_cloud_cheapest_first() -> None:
+    listing(*EVERY_TYPE)
+    offers = adapter().offers({"count": 1})
+    assert [o.offer_id for o in offers] == [L40S, A100, H100]
+    assert offers[2] == Offer(
+        target="runpod-pod",
+        offer_id=H100,
+        gpu_name=H100,  # what the job's glob matched; placement matches it again
+        gpu_count=1,
+        vram_gb=80.0,
+        price_per_hour=2.69,
+        spot_price_per_hour=None,
+        available=True,
+        region="",
+        details={
+            "name": "H100 SXM",
+            "cloud": "SECURE",
+            "pool": "HOPPER_80",
+            "stock": "HIGH",
+            "data_centers": ["US-TX-3"],
+        },
+    )
+    assert (offers[1].price_per_hour, offers[1].available) == (1.39, True), "LOW is some stock"
+    assert (offers[0].price_per_hour, offers[0].available) == (0.86, False), "NONE is listed"
+    assert offers[0].details == {
+        "name": "L40S",
+        "cloud": "SECURE",
+        "pool": "ADA_48_PRO",
+        "stock": "NONE",
+        "data_centers": [],
+    }
+    (call,) = responses.calls
+    assert call.request.method == "GET"
+    assert call.request.headers["Authorization"] == f"Bearer {KEY}"
+
+
+@responses.activate
+def test_offers_follow_the_jobs_needs_and_price_the_whole_pod() -> None:
+    listing(*EVERY_TYPE, count=2)
+    offers = adapter().offers({"count": 2, "min_vram_gb": 80})
+    assert [(o.offer_id, o.gpu_count, o.price_per_hour) for o in offers] == [
+        (A100, 2, 2.78),
+        (H100, 2, 5.38),
+    ]
+
+
+@pytest.mark.parametrize("glob", ["*h100*", "NVIDIA H100*", "*80GB HBM3"])
+@responses.activate
+def test_offers_filter_by_gpu_name_glob_like_launch(glob: str) -> None:
+    listing(*EVERY_TYPE)
+    (only,) = adapter().offers({"name": glob, "count": 1})
+    # gpu_name is the id the glob matched, so placement's second look at it agrees.
+    assert (only.offer_id, only.gpu_name, only.details["name"]) == (H100, H100, "H100 SXM")
+
+
+@responses.activate
+def test_no_configured_type_fits_means_no_offers_and_no_call() -> None:
+    assert adapter().offers({"min_vram_gb": 141, "count": 1}) == []
+    assert adapter().offers({"name": "*H200*"}) == []
+    assert len(responses.calls) == 0
+
+
+@responses.activate
+def test_community_cloud_prices_community_and_skips_what_it_does_not_sell() -> None:
+    secure_only = runpod_payloads.gpu_type(H100, "H100 SXM", 80, secure=2.69, community=None)
+    listing(secure_only, A100_TYPE, L40S_TYPE, cloud="COMMUNITY")
+    offers = adapter(cloud="COMMUNITY").offers({"count": 1})
+    assert [(o.offer_id, o.price_per_hour) for o in offers] == [(L40S, 0.79), (A100, 1.19)]
+    assert {o.details["cloud"] for o in offers} == {"COMMUNITY"}
+
+
+@responses.activate
+def test_all_clouds_take_the_cheaper_cloud_that_has_stock() -> None:
+    # List prices are the same in both answers; stock is asked per cloud.
+    listing(H100_TYPE, A100_TYPE, L40S_TYPE, cloud="SECURE")
+    community_a100 = runpod_payloads.gpu_type(
+        A100, "A100 PCIe", 80, secure=1.39, community=1.19, availability="NONE"
+    )
+    listing(H100_TYPE, community_a100, L40S_TYPE, cloud="COMMUNITY")
+    offers = {o.offer_id: o for o in adapter(cloud="ALL").offers({"count": 1})}
+    assert len(responses.calls) == 2
+    picked = {k: (o.details["cloud"], o.price_per_hour, o.available) for k, o in offers.items()}
+    assert picked == {
+        H100: ("COMMUNITY", 1.99, True),  # cheaper and in stock
+        A100: ("SECURE", 1.39, True),  # community is cheaper but has none
+        L40S: ("COMMUNITY", 0.79, False),  # none anywhere: the cheaper, unavailable
+    }
+
+
+@responses.activate
+def test_types_unlisted_unpriced_or_too_small_for_the_count_are_left_out() -> None:
+    unpriced = runpod_payloads.gpu_type(H100, "H100 SXM", 80, secure=None, community=1.99)
+    small = runpod_payloads.gpu_type(A100, "A100 PCIe", 80, secure=1.39, community=1.19)
+    small["maxCount"] = {"secure": 2, "community": 1}
+    listing(unpriced, small, RTX4090_TYPE, count=4)  # L40S is not listed at all
+    assert adapter().offers({"count": 4}) == []
+
+
+@responses.activate
+def test_a_catalogue_without_availability_or_memory_still_offers() -> None:
+    # Availability is an expansion; a server that leaves it out says nothing about stock, so
+    # the offer stays available and a full type is found out by the create's 400.
+    bare = runpod_payloads.gpu_type(
+        L40S, "L40S", None, secure=0.86, community=0.79, availability=None
+    )
+    listing(bare)
+    (only,) = adapter().offers({"count": 1})
+    assert (only.available, only.details["stock"], only.details["data_centers"]) == (True, None, [])
+    assert only.vram_gb == 48.0, "the configured VRAM when the catalogue gives none"
+
+
+@pytest.mark.parametrize(
+    ("level", "available"),
+    [
+        ("HIGH", True),
+        ("MEDIUM", True),
+        ("LOW", True),
+        ("NONE", False),
+        ("None", False),
+        (None, True),
+        ("SOMETHING_NEW", True),
+        (0, False),
+        (3, True),
+    ],
+)
+def test_stock_levels(level: object, available: bool) -> None:
+    assert in_stock(level) is available
+
+
+@responses.activate
+def test_a_bad_key_on_the_catalogue_is_invalid_credentials() -> None:
+    responses.get(
+        f"{BASE}/catalog/gpus",
+        status=401,
+        json=problem(401, "Unauthorized", "invalid bearer token"),
+    )
+    raised(InvalidCredentials, lambda: adapter().offers({"count": 1}))
     assert len(responses.calls) == 1
 
 

@@ -151,6 +151,22 @@ def test_nothing_started_reads_as_nothing(executor: Callable[..., RemoteExecutor
             ex.fetch("/nonexistent/bundle.tar", lambda b: None)
 
 
+def test_a_failing_setup_command_is_the_exit_and_the_log(
+    executor: Callable[..., RemoteExecutor],
+) -> None:
+    """The setup (installing the executor's requirements) runs first, in the attempt's
+    directory where the uploaded requirements are; when it fails, the executor never starts."""
+    setup = "ls code/requirements; echo pip: no matching distribution >&2; exit 7"
+    with executor(setup=setup) as ex:
+        assert ex.start({"version": 1}) is True
+        deadline = time.monotonic() + 30
+        while ex.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ex.exit_code() == 7
+        log = (Path(ex.remote_dir) / "executor.log").read_text()
+        assert log.split() == ["executor.txt", "gpu.txt", "pip:", "no", "matching", "distribution"]
+
+
 def test_read_events_leaves_a_torn_last_line_for_later(
     executor: Callable[..., RemoteExecutor], tmp_path: Path
 ) -> None:

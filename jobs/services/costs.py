@@ -1,0 +1,67 @@
+"""What rented machines cost: the rate each attempt is billed at, its cost when it ends, the
+sums on its job, and a project's spend per hour (its ceiling is checked at placement).
+
+An attempt's cost is its billed rate (else the quoted offer rate) times the time from the
+provider accepting the launch to the attempt's end, when the stop is sent. Providers bill a
+little past that (until the machine is gone), so this is a close lower bound, not an invoice.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db.models import Sum
+
+from jobs.models import JobAttempt, TrainingJob
+
+CENTS = Decimal("0.0001")
+
+
+def money(value: float | Decimal | str) -> Decimal:
+    return Decimal(str(value)).quantize(CENTS)
+
+
+def attempt_rate(attempt: JobAttempt) -> Decimal | None:
+    """What the attempt's machine costs per hour: as billed, else as quoted by its offer."""
+    if attempt.billed_rate_per_hour is not None:
+        return attempt.billed_rate_per_hour
+    quoted = (attempt.offer or {}).get("price_per_hour")
+    return money(quoted) if quoted is not None else None
+
+
+def project_spend_per_hour(*, project_id: int, exclude_attempt: int | None = None) -> Decimal:
+    """USD per hour of the project's live rented machines (launched or being launched)."""
+    live = JobAttempt.objects.filter(job__project_id=project_id, ended_at__isnull=True).exclude(
+        pk=exclude_attempt
+    )
+    rates = (attempt_rate(a) for a in live.only("billed_rate_per_hour", "offer"))
+    return sum((r for r in rates if r is not None), Decimal(0))
+
+
+def attempt_record_rate(*, attempt: JobAttempt, rate: float) -> bool:
+    """Store the rate the provider reports; True when it is new or changed."""
+    value = money(rate)
+    if attempt.billed_rate_per_hour == value:
+        return False
+    JobAttempt.objects.filter(pk=attempt.pk).update(billed_rate_per_hour=value)
+    attempt.billed_rate_per_hour = value
+    return True
+
+
+def attempt_settle_cost(*, attempt_pk: int) -> None:
+    """The attempt ended: its cost from launch to end, and the job's sums."""
+    attempt = JobAttempt.objects.get(pk=attempt_pk)
+    rate = attempt_rate(attempt)
+    if attempt.launched_at is not None and attempt.ended_at is not None and rate is not None:
+        hours = Decimal((attempt.ended_at - attempt.launched_at).total_seconds()) / 3600
+        JobAttempt.objects.filter(pk=attempt.pk).update(cost=money(rate * max(hours, Decimal(0))))
+    job_costs_refresh(job_pk=attempt.job_id)
+
+
+def job_costs_refresh(*, job_pk: int) -> None:
+    sums = JobAttempt.objects.filter(job_id=job_pk).aggregate(
+        estimated=Sum("estimated_cost"), cost=Sum("cost")
+    )
+    TrainingJob.objects.filter(pk=job_pk).update(
+        estimated_cost=sums["estimated"], cost=sums["cost"]
+    )

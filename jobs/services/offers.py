@@ -1,0 +1,158 @@
+"""Priced offers of the cloud targets that list them, as a project sees them.
+
+Offers are fetched with the project's key and cached in Redis for ``OFFERS_TTL_SECONDS``
+(shared by every process: the API and each placement pass would otherwise call the provider
+each time); the cache key holds a hash of the key, never the key. An offer a provider refused
+(no capacity, gone, billed over the cap) is remembered for ``REFUSED_TTL_SECONDS`` so placement
+tries another instead of the same one again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jobs import placement
+from jobs.errors import InvalidRequest, NotFound, ProviderUnavailable
+from jobs.locks import redis_client
+from jobs.models import Project
+from jobs.services.targets import (
+    MissingCredentials,
+    adapter_for,
+    credential_source,
+    provider_secrets,
+    target_problem,
+)
+from providers import registry
+from providers.base import Offer
+from providers.errors import ProviderError
+
+log = logging.getLogger(__name__)
+OFFERS_TTL_SECONDS = 30
+VERIFY_TTL_SECONDS = 60
+REFUSED_TTL_SECONDS = 600
+_PREFIX = "trainhub:offers"
+
+
+def _account(project: Project, target: registry.Target) -> str:
+    """Which provider account the project's calls go to, as a hash (the cache is per account:
+    two projects sharing the operator's key see the same offers)."""
+    secrets = provider_secrets(project=project, kind=target.credential_kind or "") or {}
+    return hashlib.sha256(json.dumps(secrets, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def target_offers(
+    *, project: Project, target: registry.Target, gpu: Mapping[str, Any]
+) -> list[Offer]:
+    """The target's offers for these GPU needs (cached). Raises ProviderError when the provider
+    cannot say, MissingCredentials when the project has no key for it."""
+    if not target.has_offers:
+        return []
+    needs = json.dumps(dict(gpu), sort_keys=True)
+    key = f"{_PREFIX}:{target.name}:{_account(project, target)}:{needs}"
+    cached = redis_client().get(key)
+    if cached is not None:
+        return [Offer(**o) for o in json.loads(cached)]
+    adapter: Any = adapter_for(target, project)
+    offers = list(adapter.offers(gpu))
+    payload = json.dumps([dataclasses.asdict(o) for o in offers])
+    redis_client().set(key, payload, ex=OFFERS_TTL_SECONDS)
+    return offers
+
+
+def offer_refused(offer: Offer | Mapping[str, Any], reason: str) -> None:
+    """Remember that ``offer`` was refused, so placement skips it for a while."""
+    target, offer_id = _offer_key(offer)
+    redis_client().set(
+        f"{_PREFIX}:refused:{target}:{offer_id}", reason[:300], ex=REFUSED_TTL_SECONDS
+    )
+
+
+def refused_reasons(offers: list[Offer]) -> dict[tuple[str, str], str]:
+    """(target, offer id) → why it was refused lately, for those of ``offers`` that were."""
+    if not offers:
+        return {}
+    keys = [_offer_key(o) for o in offers]
+    values = redis_client().mget([f"{_PREFIX}:refused:{t}:{i}" for t, i in keys])
+    return {k: v.decode() for k, v in zip(keys, values, strict=True) if v is not None}
+
+
+def _offer_key(offer: Offer | Mapping[str, Any]) -> tuple[str, str]:
+    if isinstance(offer, Offer):
+        return offer.target, offer.offer_id
+    return str(offer.get("target", "")), str(offer.get("offer_id", ""))
+
+
+def credential_check(*, project: Project, target: registry.Target) -> str | None:
+    """'' when the target's key works (one cheap authenticated call, cached), else what the
+    provider said; None when there is no key to check."""
+    try:
+        account = _account(project, target)
+        key = f"{_PREFIX}:verified:{target.name}:{account}"
+        cached = redis_client().get(key)
+        if cached is not None:
+            return cached.decode()
+        adapter_for(target, project).list_instances()
+        verdict = ""
+    except MissingCredentials:
+        return None
+    except ProviderError as exc:
+        verdict = exc.message or type(exc).__name__
+    redis_client().set(key, verdict, ex=VERIFY_TTL_SECONDS)
+    return verdict
+
+
+@dataclass(frozen=True)
+class ProviderStatus:
+    """One target as a project sees it (the providers API)."""
+
+    target: registry.Target
+    problem: str  # why the project cannot use it ('' when it can)
+    credential_source: str | None  # 'project', 'operator' or None
+    credential_error: str | None  # '' verified, the provider's answer, None unchecked
+
+
+def provider_statuses(*, project: Project, verify: bool = True) -> list[ProviderStatus]:
+    """Every registered target, whether the project can use it and whether its key works
+    (checked with one cheap call per target, cached; a provider error is said, not hidden)."""
+    out = []
+    for name in registry.names():
+        target = registry.get(name)
+        if target is None:
+            continue
+        problem = target_problem(project=project, target=target)
+        kind = target.credential_kind
+        source = credential_source(project=project, kind=kind) if kind else None
+        checked = None
+        if verify and source is not None and target.adapter_factory is not None:
+            checked = credential_check(project=project, target=target)
+        out.append(ProviderStatus(target, problem[1] if problem else "", source, checked))
+    return out
+
+
+def offers_for(*, project: Project, target_name: str, gpu: Mapping[str, Any]) -> list[Offer]:
+    """The offers of one target that fit ``gpu``, cheapest first, for the offers API."""
+    target = registry.get(target_name)
+    if target is None or not target.has_offers:
+        priced = [t.name for t in registry.cloud_targets() if t.has_offers]
+        raise NotFound(
+            f"No priced target {target_name!r}; targets with offers: {', '.join(priced)}.",
+            code="target_not_found",
+            param="target",
+        )
+    problem = target_problem(project=project, target=target)
+    if problem is not None:
+        raise InvalidRequest(problem[1], code=problem[0], param="target")
+    try:
+        found = target_offers(project=project, target=target, gpu=gpu)
+    except ProviderError as exc:
+        raise ProviderUnavailable(
+            f"{target.name} did not answer for its offers: {exc.message}", code="provider_error"
+        ) from None
+    fitting = [o for o in found if placement.offer_misfit(gpu, o) is None]
+    return sorted(fitting, key=lambda o: (not o.available, o.price_per_hour))
