@@ -132,24 +132,3 @@ def misfit(gpu: Mapping[str, Any], selector: Mapping[str, str], node: Any) -> st
         if not fnmatch.fnmatchcase(str(labels[key]), pattern):
             return f"label {key}={labels[key]} does not match {pattern}"
     return None
-
-
-def offer_misfit(gpu: Mapping[str, Any], offer: Any) -> str | None:
-    """Why a cloud ``offer`` (providers.base.Offer) cannot run a job with these needs, or None.
-    More GPUs than asked still fit (clouds sell fixed counts per machine; they are paid for)."""
-    need = int(gpu.get("count") or 0)
-    if need > offer.gpu_count:
-        return f"has {offer.gpu_count} GPU(s), the job needs {need}"
-    if need and "min_vram_gb" in gpu and offer.vram_gb < gpu["min_vram_gb"]:
-        return f"has {offer.vram_gb:g} GB per GPU, the job needs {gpu['min_vram_gb']:g} GB"
-    if need and "name" in gpu and not _name_matches(offer.gpu_name, gpu["name"]):
-        return f"has {offer.gpu_name}, the job needs {gpu['name']}"
-    return None
-
-
-def _name_matches(name: str, pattern: str) -> bool:
-    """Provider GPU names differ in case and spacing ("RTX 4090", "NVIDIA GeForce RTX 4090")."""
-    name, pattern = name.lower(), pattern.lower()
-    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(
-        name.replace(" ", "_"), pattern.replace(" ", "_")
-    )

@@ -6,6 +6,7 @@ Adapters take and return the frozen dataclasses below, never raw provider payloa
 from __future__ import annotations
 
 import enum
+import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -109,3 +110,27 @@ class OfferSource(Protocol):
         name glob}), available or not, cheapest first. A coarse filter: the control plane
         checks every offer against the needs again (jobs.placement) and says why it skips one."""
         ...
+
+
+def gpu_name_matches(pattern: str, gpu_name: str) -> bool:
+    """A job's GPU name glob against a provider's GPU name, case-insensitive and with spaces and
+    underscores alike (providers write "RTX 4090", CLIs "RTX_4090")."""
+    pattern, name = pattern.lower(), gpu_name.lower()
+    names = {name, name.replace(" ", "_")}
+    patterns = {pattern, pattern.replace("_", " "), pattern.replace(" ", "_")}
+    return any(fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
+
+
+def offer_misfit(gpu: Mapping[str, object], offer: Offer) -> str | None:
+    """Why ``offer`` cannot run a job with these ``gpu`` needs ({count, min_vram_gb, name}),
+    or None. More GPUs than asked still fit (clouds sell fixed counts per machine)."""
+    need = int(str(gpu.get("count") or 0))
+    if need > offer.gpu_count:
+        return f"has {offer.gpu_count} GPU(s), the job needs {need}"
+    vram = gpu.get("min_vram_gb")
+    if need and vram is not None and offer.vram_gb < float(str(vram)):
+        return f"has {offer.vram_gb:g} GB per GPU, the job needs {float(str(vram)):g} GB"
+    name = gpu.get("name")
+    if need and name and not gpu_name_matches(str(name), offer.gpu_name):
+        return f"has {offer.gpu_name}, the job needs {name}"
+    return None

@@ -38,6 +38,7 @@ from providers.base import (
     RemoteState,
     RemoteStatus,
     SshAddress,
+    offer_misfit,
 )
 from providers.errors import (
     InstanceNotFound,
@@ -138,16 +139,6 @@ def _allowed(value: str, patterns: Sequence[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
 
-def _fits(gpu: Mapping[str, Any], name: str, count: int, vram_gb: float) -> bool:
-    """Coarse: more GPUs than asked fit (Lambda's counts are fixed per type)."""
-    if int(gpu.get("count") or 0) > count:
-        return False
-    if gpu.get("min_vram_gb") and vram_gb < float(gpu["min_vram_gb"]):
-        return False
-    pattern = gpu.get("name")
-    return not pattern or fnmatch.fnmatchcase(name.lower(), str(pattern).lower())
-
-
 def _price(instance_type: object) -> float | None:
     """USD per hour; None when Lambda does not say. The cents are an integer in the schema, a
     string in the schema's own example: both are read."""
@@ -192,7 +183,7 @@ class LambdaCloud:
                 str(itype.get("gpu_description") or ""), str(itype.get("description") or "")
             )
             price = _price(itype)
-            if count == 0 or price is None or not _fits(gpu, name, count, vram):
+            if count == 0 or price is None:
                 continue  # CPU-only, or no price to compare or cap
             regions = [
                 str(r["name"])
@@ -216,7 +207,8 @@ class LambdaCloud:
             out += [Offer(offer_id=f"{type_name}@{r}", region=r, **common) for r in regions]
             if not regions:
                 out.append(Offer(offer_id=type_name, available=False, **common))
-        return sorted(out, key=lambda o: (o.price_per_hour, not o.available, o.offer_id))
+        fitting = [o for o in out if offer_misfit(gpu, o) is None]  # coarse: placement re-checks
+        return sorted(fitting, key=lambda o: (o.price_per_hour, not o.available, o.offer_id))
 
     # --- launch ---------------------------------------------------------------------------
 

@@ -141,3 +141,8 @@ def names() -> list[str]:
 
 def cloud_targets() -> list[Target]:
     return [t for t in _TARGETS.values() if t.adapter_factory is not None]
+
+
+def priced_targets() -> list[Target]:
+    """Cloud targets with a price list: where ``auto`` may place a job."""
+    return [t for t in cloud_targets() if t.has_offers]

@@ -23,7 +23,6 @@ Bids (interruptible instances) are not offered: ``price`` is never sent.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from providers.base import (
     RemoteState,
     RemoteStatus,
     SshAddress,
+    gpu_name_matches,
 )
 from providers.errors import (
     InstanceNotFound,
@@ -114,15 +114,6 @@ _OFFER_DETAILS = (
     "direct_port_count",
     "disk_space",
 )
-
-
-def gpu_name_matches(pattern: str, gpu_name: str) -> bool:
-    """Case-insensitive glob over Vast's GPU names ("RTX 4090", "H100 SXM"), accepting the
-    CLI's underscores for spaces ("RTX_4090") on either side."""
-    pattern, name = pattern.lower(), gpu_name.lower()
-    names = {name, name.replace(" ", "_")}
-    patterns = {pattern, pattern.replace("_", " "), pattern.replace(" ", "_")}
-    return any(fnmatch.fnmatchcase(n, p) for n in names for p in patterns)
 
 
 class VastAI:

@@ -38,6 +38,13 @@ def project_spend_per_hour(*, project_id: int, exclude_attempt: int | None = Non
     return sum((r for r in rates if r is not None), Decimal(0))
 
 
+def over_ceiling(*, ceiling: Decimal | None, spend: Decimal, price: float) -> str:
+    """Why renting at ``price`` would break the project's spend ceiling ('' when it would not)."""
+    if ceiling is None or spend + money(price) <= ceiling:
+        return ""
+    return f"the project spends ${spend:.2f}/h; this would exceed its ceiling of ${ceiling:.2f}/h"
+
+
 def attempt_record_rate(*, attempt: JobAttempt, rate: float) -> bool:
     """Store the rate the provider reports; True when it is new or changed."""
     value = money(rate)

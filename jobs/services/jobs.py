@@ -172,9 +172,7 @@ def _check_auto(project: Project) -> str:
     if GpuNode.objects.exists():
         return registry.AUTO_TARGET
     reasons = []
-    for entry in registry.cloud_targets():
-        if not entry.has_offers:
-            continue
+    for entry in registry.priced_targets():
         problem = target_problem(project=project, target=entry)
         if problem is None:
             return registry.AUTO_TARGET

@@ -133,14 +133,13 @@ def _claim_offer(attempt: JobAttempt, offer: Offer) -> str:
     with the project row locked, so two launches cannot both take the last dollars)."""
     with transaction.atomic():
         project = Project.objects.select_for_update().get(pk=attempt.job.project_id)
-        ceiling = project.max_spend_per_hour
-        if ceiling is not None:
+        if project.max_spend_per_hour is not None:
             spend = costs.project_spend_per_hour(project_id=project.pk, exclude_attempt=attempt.pk)
-            if spend + costs.money(offer.price_per_hour) > ceiling:
-                return (
-                    f"the project already spends ${spend:.2f}/h; this would exceed its "
-                    f"ceiling of ${ceiling:.2f}/h"
-                )
+            why = costs.over_ceiling(
+                ceiling=project.max_spend_per_hour, spend=spend, price=offer.price_per_hour
+            )
+            if why:
+                return why
         fields = {"target": offer.target, "offer": dataclasses.asdict(offer)}
         JobAttempt.objects.filter(pk=attempt.pk).update(**fields)
     attempt.target, attempt.offer = offer.target, fields["offer"]

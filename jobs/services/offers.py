@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import placement
 from jobs.errors import InvalidRequest, NotFound, ProviderUnavailable
 from jobs.locks import redis_client
 from jobs.models import Project
@@ -25,11 +24,11 @@ from jobs.services.targets import (
     MissingCredentials,
     adapter_for,
     credential_source,
-    provider_secrets,
     target_problem,
+    target_secrets,
 )
 from providers import registry
-from providers.base import Offer
+from providers.base import Offer, offer_misfit
 from providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
@@ -39,11 +38,10 @@ REFUSED_TTL_SECONDS = 600
 _PREFIX = "trainhub:offers"
 
 
-def _account(project: Project, target: registry.Target) -> str:
-    """Which provider account the project's calls go to, as a hash (the cache is per account:
-    two projects sharing the operator's key see the same offers)."""
-    secrets = provider_secrets(project=project, kind=target.credential_kind or "") or {}
-    return hashlib.sha256(json.dumps(secrets, sort_keys=True).encode()).hexdigest()[:20]
+def _account(secrets: Mapping[str, str]) -> str:
+    """Which provider account calls with ``secrets`` go to, as a hash (the cache is per
+    account: two projects sharing the operator's key see the same offers)."""
+    return hashlib.sha256(json.dumps(dict(secrets), sort_keys=True).encode()).hexdigest()[:20]
 
 
 def target_offers(
@@ -53,12 +51,13 @@ def target_offers(
     cannot say, MissingCredentials when the project has no key for it."""
     if not target.has_offers:
         return []
+    secrets = target_secrets(target, project)
     needs = json.dumps(dict(gpu), sort_keys=True)
-    key = f"{_PREFIX}:{target.name}:{_account(project, target)}:{needs}"
+    key = f"{_PREFIX}:{target.name}:{_account(secrets)}:{needs}"
     cached = redis_client().get(key)
     if cached is not None:
         return [Offer(**o) for o in json.loads(cached)]
-    adapter: Any = adapter_for(target, project)
+    adapter: Any = adapter_for(target, project, secrets)
     offers = list(adapter.offers(gpu))
     payload = json.dumps([dataclasses.asdict(o) for o in offers])
     redis_client().set(key, payload, ex=OFFERS_TTL_SECONDS)
@@ -92,15 +91,16 @@ def credential_check(*, project: Project, target: registry.Target) -> str | None
     """'' when the target's key works (one cheap authenticated call, cached), else what the
     provider said; None when there is no key to check."""
     try:
-        account = _account(project, target)
-        key = f"{_PREFIX}:verified:{target.name}:{account}"
-        cached = redis_client().get(key)
-        if cached is not None:
-            return cached.decode()
-        adapter_for(target, project).list_instances()
-        verdict = ""
+        secrets = target_secrets(target, project)
     except MissingCredentials:
         return None
+    key = f"{_PREFIX}:verified:{target.name}:{_account(secrets)}"
+    cached = redis_client().get(key)
+    if cached is not None:
+        return cached.decode()
+    try:
+        adapter_for(target, project, secrets).list_instances()
+        verdict = ""
     except ProviderError as exc:
         verdict = exc.message or type(exc).__name__
     redis_client().set(key, verdict, ex=VERIFY_TTL_SECONDS)
@@ -139,7 +139,7 @@ def offers_for(*, project: Project, target_name: str, gpu: Mapping[str, Any]) ->
     """The offers of one target that fit ``gpu``, cheapest first, for the offers API."""
     target = registry.get(target_name)
     if target is None or not target.has_offers:
-        priced = [t.name for t in registry.cloud_targets() if t.has_offers]
+        priced = [t.name for t in registry.priced_targets()]
         raise NotFound(
             f"No priced target {target_name!r}; targets with offers: {', '.join(priced)}.",
             code="target_not_found",
@@ -154,5 +154,5 @@ def offers_for(*, project: Project, target_name: str, gpu: Mapping[str, Any]) ->
         raise ProviderUnavailable(
             f"{target.name} did not answer for its offers: {exc.message}", code="provider_error"
         ) from None
-    fitting = [o for o in found if placement.offer_misfit(gpu, o) is None]
+    fitting = [o for o in found if offer_misfit(gpu, o) is None]
     return sorted(fitting, key=lambda o: (not o.available, o.price_per_hour))

@@ -27,7 +27,7 @@ from jobs.services.events import event_append
 from jobs.services.targets import MissingCredentials, target_problem
 from jobs.states import EndReason, JobStatus
 from providers import registry
-from providers.base import Offer
+from providers.base import Offer, offer_misfit
 from providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def job_place(*, job_pk: int) -> JobAttempt | None:
 
 def jobs_place_waiting() -> int:
     """Beat: try again every queued job that waits for a cloud offer; returns how many."""
-    priced = [t.name for t in registry.cloud_targets() if t.has_offers]
+    priced = [t.name for t in registry.priced_targets()]
     waiting = TrainingJob.objects.filter(
         status=S.QUEUED, target__in=[registry.AUTO_TARGET, *priced]
     ).order_by("-priority", "id")
@@ -129,7 +129,9 @@ def job_plan(job: TrainingJob) -> Plan:
             plan.unusable.append(f"{target.name} could not list offers: {exc.message}")
     refused = offers.refused_reasons(found)
     failed = _failed_machines(job)
-    spend = costs.project_spend_per_hour(project_id=job.project_id)
+    spend = Decimal(0)
+    if job.project.max_spend_per_hour is not None:  # else no need to add up the live machines
+        spend = costs.project_spend_per_hour(project_id=job.project_id)
     for offer in sorted(found, key=lambda o: (o.price_per_hour, o.target, o.offer_id)):
         why = _skip_reason(job, offer, refused, failed, spend)
         if why:
@@ -141,7 +143,7 @@ def job_plan(job: TrainingJob) -> Plan:
 
 def _targets_of(job: TrainingJob) -> list[registry.Target]:
     if job.target == registry.AUTO_TARGET:
-        return [t for t in registry.cloud_targets() if t.has_offers]
+        return registry.priced_targets()
     target = registry.get(job.target)
     return [target] if target is not None else []
 
@@ -153,20 +155,19 @@ def _skip_reason(
     failed: dict[tuple[str, str], int],
     spend: Decimal,
 ) -> str:
-    misfit = placement.offer_misfit(job.gpu, offer)
+    misfit = offer_misfit(job.gpu, offer)
     if misfit:
         return f"does not fit: {misfit}"
     if not offer.available:
         return "no capacity now"
-    price = costs.money(offer.price_per_hour)
     cap = job.max_price_per_hour
-    if cap is not None and price > cap:
+    if cap is not None and costs.money(offer.price_per_hour) > cap:
         return f"over the job's max_price_per_hour of ${cap:.2f}/h"
-    ceiling = job.project.max_spend_per_hour
-    if ceiling is not None and spend + price > ceiling:
-        return (
-            f"the project spends ${spend:.2f}/h; this would exceed its ceiling of ${ceiling:.2f}/h"
-        )
+    over = costs.over_ceiling(
+        ceiling=job.project.max_spend_per_hour, spend=spend, price=offer.price_per_hour
+    )
+    if over:
+        return over
     for key in ((offer.target, f"m:{offer.machine_id}"), (offer.target, f"o:{offer.offer_id}")):
         if key in failed:
             return f"its machine failed attempt {failed[key]} of this job"

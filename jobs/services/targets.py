@@ -37,17 +37,27 @@ def credential_source(*, project: Project, kind: str) -> str | None:
     return None
 
 
-def adapter_for(target: registry.Target, project: Project) -> ProviderAdapter:
-    if target.adapter_factory is None:
-        raise ValueError(f"target {target.name} has no provider adapter")
-    secrets: dict[str, str] | None = {}
-    if target.credential_kind:
-        secrets = provider_secrets(project=project, kind=target.credential_kind)
+def target_secrets(target: registry.Target, project: Project) -> dict[str, str]:
+    """The secrets the target's adapter is built with ({} for a target needing none)."""
+    if not target.credential_kind:
+        return {}
+    secrets = provider_secrets(project=project, kind=target.credential_kind)
     if secrets is None:
         raise MissingCredentials(
             f"project {project.slug} has no '{target.credential_kind}' credential any more"
         )
-    return target.adapter_factory(secrets)
+    return secrets
+
+
+def adapter_for(
+    target: registry.Target, project: Project, secrets: dict[str, str] | None = None
+) -> ProviderAdapter:
+    """The target's adapter with the project's key (or ``secrets`` already looked up)."""
+    if target.adapter_factory is None:
+        raise ValueError(f"target {target.name} has no provider adapter")
+    return target.adapter_factory(
+        secrets if secrets is not None else target_secrets(target, project)
+    )
 
 
 def target_problem(*, project: Project, target: registry.Target) -> tuple[str, str] | None:

@@ -18,7 +18,7 @@ import responses
 from responses import matchers
 
 from providers import vastai
-from providers.base import Handle, LaunchRequest, Offer, RemoteStatus, SshAddress
+from providers.base import Handle, LaunchRequest, Offer, RemoteStatus, SshAddress, gpu_name_matches
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -27,7 +27,7 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.http import ProviderHTTP
-from providers.vastai import VastAI, gpu_name_matches
+from providers.vastai import VastAI
 from tests.providers import vast_payloads as vp
 from tests.providers.contract import Sleeps
 from tests.providers.runpod_payloads import HTML_502
