@@ -179,7 +179,9 @@ def test_job_waiting_for_validation_is_queued_by_the_worker(
     assert api.get(f"/api/v1/jobs/{job.public_id}/").json()["status"] == "queued"
 
 
-def test_record_events_messages_are_stored_once(worker, make_job) -> None:
+def test_record_events_messages_are_stored_once(worker, shared_storage, make_job) -> None:
+    # Storing the file also sends its validation to the worker: with its own storage folder
+    # it would find no bytes and could mark the file invalid before the job is created.
     job = make_job()
     attempt_start(job=job, target="local")
     batch = [
