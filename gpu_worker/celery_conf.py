@@ -8,15 +8,17 @@ control-plane code and vice versa.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 DEFAULT_QUEUE = "default"
 NODE_QUEUE_PREFIX = "gpu.node."
 
 # Task names: the wire contract between processes.
 VALIDATE_FILE = "trainhub.validate_file"
-SUBMIT_ATTEMPT = "trainhub.submit_attempt"
+PLACE_JOB = "trainhub.place_job"  # a queued cloud or auto job: a node or an offer
 POLL_ACTIVE_ATTEMPTS = "trainhub.poll_active_attempts"
 POLL_TARGET = "trainhub.poll_target"
-CANCEL_JOB = "trainhub.cancel_job"
+STOP_MACHINES = "trainhub.stop_machines"  # sent on every attempt end and every cancel
 PROVISION_ATTEMPT = "trainhub.provision_attempt"
 POLL_ATTEMPT = "trainhub.poll_attempt"
 RECONCILE_PROVIDERS = "trainhub.reconcile_providers"
@@ -42,6 +44,40 @@ NODE_HEARTBEAT_SECONDS = 30
 STORAGE_SWEEP_INTERVAL_SECONDS = 3600
 RECONCILE_INTERVAL_SECONDS = 180
 PLACE_INTERVAL_SECONDS = 30  # queued jobs waiting for a cloud offer are placed again
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """A beat entry: the task and how often beat sends it."""
+
+    key: str
+    task: str
+    every_seconds: int
+
+
+# The one table beat is built from (trainhub.settings.CELERY_BEAT_SCHEDULE).
+PERIODIC = (
+    Periodic("poll-active-attempts", POLL_ACTIVE_ATTEMPTS, POLL_INTERVAL_SECONDS),
+    Periodic("expire-leases", EXPIRE_LEASES, EXPIRE_LEASES_INTERVAL_SECONDS),
+    Periodic("fleet-tick", FLEET_TICK, FLEET_TICK_INTERVAL_SECONDS),
+    Periodic("place-waiting", PLACE_WAITING, PLACE_INTERVAL_SECONDS),
+    Periodic("reconcile-providers", RECONCILE_PROVIDERS, RECONCILE_INTERVAL_SECONDS),
+    Periodic("storage-sweep", STORAGE_SWEEP, STORAGE_SWEEP_INTERVAL_SECONDS),
+)
+
+
+def beat_schedule() -> dict[str, dict[str, object]]:
+    """Celery's beat_schedule from PERIODIC. A tick not run within its own interval expires,
+    so a backed-up worker never runs a pile of stale ones."""
+    return {
+        p.key: {
+            "task": p.task,
+            "schedule": p.every_seconds,
+            "options": {"expires": p.every_seconds},
+        }
+        for p in PERIODIC
+    }
+
 
 # The longest job trainhub accepts (mirrors spec.MAX_RUNTIME_LIMIT_SECONDS). Redis redelivers an
 # unacked message after visibility_timeout, so it must exceed any training run; the database

@@ -48,6 +48,16 @@ def can_transition(src: JobStatus | str, dst: JobStatus | str) -> bool:
     return JobStatus(src) in ALLOWED_FROM[JobStatus(dst)]
 
 
+class WaitCode(enum.StrEnum):
+    """Why a queued job is not placed yet; the ``code`` of its waiting events."""
+
+    NO_NODE_REGISTERED = "no_node_registered"
+    NODES_OFFLINE = "nodes_offline"
+    NODES_BUSY = "nodes_busy"
+    NO_NODE_FITS = "no_node_fits"
+    NO_OFFER = "no_offer"  # no cloud offer (nor, for ``auto``, an idle node) can take it
+
+
 class EndReason(enum.StrEnum):
     """Why an attempt ended. Each reason knows where the job goes next."""
 

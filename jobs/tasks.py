@@ -1,4 +1,8 @@
-"""Celery tasks: ids in, one service call out. Names and queues come from celery_conf."""
+"""Celery tasks: ids in, one service call out. Names and queues come from celery_conf.
+
+Periodic tasks that must not overlap (two pollers of one provider would double its API calls)
+take a Redis lock through ``single_runner``; a run that finds it held is skipped.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,20 @@ import logging
 from celery import shared_task
 
 from gpu_worker import celery_conf as cc
-from jobs.locks import try_lock
+from jobs.locks import single_runner
 from jobs.services import (
     artifacts,
     attempts,
-    cloud,
     dispatch,
     files,
     launch,
+    messages,
     nodes,
-    placing,
+    placement,
+    polling,
+    reconcile,
     retention,
+    stopping,
 )
 from providers import registry
 
@@ -29,9 +36,9 @@ def validate_file(file_pk: int) -> None:
     files.file_validate(file_pk=file_pk)
 
 
-@shared_task(name=cc.SUBMIT_ATTEMPT, ignore_result=True)
-def submit_attempt(job_pk: int) -> None:
-    placing.job_place(job_pk=job_pk)
+@shared_task(name=cc.PLACE_JOB, ignore_result=True)
+def place_job(job_pk: int) -> None:
+    placement.job_place(job_pk=job_pk)
 
 
 @shared_task(name=cc.PROVISION_ATTEMPT, ignore_result=True)
@@ -41,22 +48,20 @@ def provision_attempt(attempt_pk: int, try_number: int = 0) -> None:
 
 @shared_task(name=cc.POLL_ATTEMPT, ignore_result=True)
 def poll_attempt(attempt_pk: int) -> None:
-    cloud.attempt_poll(attempt_pk=attempt_pk)
+    polling.attempt_poll(attempt_pk=attempt_pk)
 
 
 @shared_task(name=cc.RECONCILE_PROVIDERS, ignore_result=True)
+@single_runner("reconcile", ttl_seconds=cc.RECONCILE_INTERVAL_SECONDS * 2)
 def reconcile_providers() -> None:
-    with try_lock("reconcile", ttl_seconds=cc.RECONCILE_INTERVAL_SECONDS * 2) as acquired:
-        if acquired:
-            terminated = cloud.providers_reconcile()
-            log.info("reconciler: %d orphaned machine(s) terminated", terminated)
+    terminated = reconcile.providers_reconcile()
+    log.info("reconciler: %d orphaned machine(s) terminated", terminated)
 
 
 @shared_task(name=cc.PLACE_WAITING, ignore_result=True)
+@single_runner("place-waiting", ttl_seconds=cc.PLACE_INTERVAL_SECONDS * 6)
 def place_waiting() -> None:
-    with try_lock("place-waiting", ttl_seconds=cc.PLACE_INTERVAL_SECONDS * 6) as acquired:
-        if acquired:
-            placing.jobs_place_waiting()
+    placement.jobs_place_waiting()
 
 
 @shared_task(name=cc.POLL_ACTIVE_ATTEMPTS, ignore_result=True)
@@ -64,22 +69,18 @@ def poll_active_attempts() -> None:
     """Fan out one poll per cloud target. Each expires after one interval, so a slow cycle
     drops stale polls instead of piling them up."""
     for target in registry.cloud_targets():
-        poll_target.apply_async(args=[target.name], expires=cc.POLL_INTERVAL_SECONDS)
+        messages.send_poll_target(target.name, expires=cc.POLL_INTERVAL_SECONDS)
 
 
 @shared_task(name=cc.POLL_TARGET, ignore_result=True)
+@single_runner(lambda target: f"poll:{target}", ttl_seconds=cc.POLL_INTERVAL_SECONDS * 6)
 def poll_target(target: str) -> None:
-    # One poller per target across all workers: overlapping cycles would double API calls.
-    with try_lock(f"poll:{target}", ttl_seconds=cc.POLL_INTERVAL_SECONDS * 6) as acquired:
-        if acquired:
-            cloud.attempts_poll_target(target=target)
-        else:
-            log.info("poll of %s skipped: previous cycle still running", target)
+    polling.attempts_poll_target(target=target)
 
 
-@shared_task(name=cc.CANCEL_JOB, ignore_result=True)
-def cancel_job(job_pk: int) -> None:
-    cloud.attempts_stop(job_pk=job_pk)
+@shared_task(name=cc.STOP_MACHINES, ignore_result=True)
+def stop_machines(job_pk: int) -> None:
+    stopping.job_stop_machines(job_pk=job_pk)
 
 
 @shared_task(name=cc.INGEST_ARTIFACT, ignore_result=True)
@@ -88,10 +89,9 @@ def ingest_artifact(attempt_pk: int, reported_sha256: str = "") -> None:
 
 
 @shared_task(name=cc.EXPIRE_LEASES, ignore_result=True)
+@single_runner("expire-leases", ttl_seconds=cc.EXPIRE_LEASES_INTERVAL_SECONDS * 4)
 def expire_leases() -> None:
-    with try_lock("expire-leases", ttl_seconds=cc.EXPIRE_LEASES_INTERVAL_SECONDS * 4) as acquired:
-        if acquired:
-            attempts.attempts_expire_leases()
+    attempts.attempts_expire_leases()
 
 
 @shared_task(name=cc.RECORD_EVENTS, ignore_result=True)
@@ -112,14 +112,13 @@ def dispatch_jobs() -> None:
 
 
 @shared_task(name=cc.FLEET_TICK, ignore_result=True)
+@single_runner("fleet-tick", ttl_seconds=cc.FLEET_TICK_INTERVAL_SECONDS * 6)
 def fleet_tick() -> None:
     """Beat: nodes gone silent go offline, lost messages are sent again, then dispatch."""
-    with try_lock("fleet-tick", ttl_seconds=cc.FLEET_TICK_INTERVAL_SECONDS * 6) as acquired:
-        if acquired:
-            nodes.nodes_mark_offline()
-            dispatch.attempts_resend_unclaimed()
-            dispatch.attempts_resend_cancels()
-            dispatch.dispatch_queued()
+    nodes.nodes_mark_offline()
+    dispatch.attempts_resend_unclaimed()
+    dispatch.attempts_resend_cancels()
+    dispatch.dispatch_queued()
 
 
 @shared_task(name=cc.NODE_REGISTER, ignore_result=True)
@@ -146,8 +145,7 @@ def purge_storage(deletion_pk: int) -> None:
 
 
 @shared_task(name=cc.STORAGE_SWEEP, ignore_result=True)
+@single_runner("storage-sweep", ttl_seconds=cc.STORAGE_SWEEP_INTERVAL_SECONDS)
 def storage_sweep() -> None:
-    with try_lock("storage-sweep", ttl_seconds=cc.STORAGE_SWEEP_INTERVAL_SECONDS) as acquired:
-        if acquired:
-            report = retention.storage_sweep()
-            log.info("storage sweep: %s", report)
+    report = retention.storage_sweep()
+    log.info("storage sweep: %s", report)

@@ -1,27 +1,38 @@
-"""Targets a job may name, and the adapter and credential kind behind each.
+"""Targets a job may name: what kind of place each is, and the adapter and credential behind it.
 
-``local`` is the operator's own GPU fleet: jobs reach it through the node dispatcher, not a
-cloud adapter. Cloud targets register an adapter factory here.
+A target's :class:`TargetKind` is the one answer to "is this the own fleet, and how does the
+executor start there?": ``local`` is the operator's own GPU fleet (the node dispatcher, no
+adapter); every cloud target registers an adapter factory.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from providers.base import ProviderAdapter
 
 AUTO_TARGET = "auto"
+OWN_FLEET_TARGET = "local"
+
+
+class TargetKind(enum.Enum):
+    """Where an attempt runs, which decides who starts the executor and how it reports."""
+
+    OWN_FLEET = "own_fleet"  # the operator's GPU nodes: the dispatcher sends it to a node queue
+    SERVERLESS = "serverless"  # the provider's handler runs the spec given at launch
+    SSH_MACHINE = "ssh_machine"  # a rented VM: the control plane drives the executor over SSH
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
     description: str
+    kind: TargetKind
     credential_kind: str | None = None  # None: needs no provider credential
+    # Builds the adapter from the credential's secrets; every cloud kind has one.
     adapter_factory: Callable[[dict[str, str]], ProviderAdapter] | None = None
-    # The machine is a VM: the control plane starts and watches the executor over SSH.
-    ssh_executor: bool = False
     # Attempts polled per cycle at most (one status call each where the API cannot list).
     poll_batch: int = 10_000
     # Why the target cannot be used as configured ('' when it can), checked at submit.
@@ -29,6 +40,20 @@ class Target:
     # The adapter lists priced offers (providers.base.OfferSource): placement chooses one,
     # ``auto`` may use the target, and price caps are checked before a machine is rented.
     has_offers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.is_cloud != (self.adapter_factory is not None):
+            raise ValueError(f"target {self.name}: a cloud target needs an adapter, the fleet none")
+
+    @property
+    def is_cloud(self) -> bool:
+        """Rented from a provider (billed; the reconciler and the stop apply)."""
+        return self.kind is not TargetKind.OWN_FLEET
+
+    @property
+    def drives_ssh(self) -> bool:
+        """The control plane starts and watches the executor over SSH."""
+        return self.kind is TargetKind.SSH_MACHINE
 
 
 # Secret fields each credential kind stores (validated on create; values never returned).
@@ -81,10 +106,15 @@ def _pod_cloud_problem() -> str:
 
 
 _TARGETS: dict[str, Target] = {
-    "local": Target("local", "The operator's own GPU nodes (Celery queue per node)."),
+    OWN_FLEET_TARGET: Target(
+        OWN_FLEET_TARGET,
+        "The operator's own GPU nodes (Celery queue per node).",
+        TargetKind.OWN_FLEET,
+    ),
     "runpod-serverless": Target(
         "runpod-serverless",
         "RunPod serverless: one job per attempt on the operator's endpoint.",
+        TargetKind.SERVERLESS,
         credential_kind="runpod",
         adapter_factory=_runpod_serverless,
         # 10 s of the status budget (1,800 calls per 10 s), one call per attempt.
@@ -94,9 +124,9 @@ _TARGETS: dict[str, Target] = {
     "runpod-pod": Target(
         "runpod-pod",
         "RunPod pods (REST v2), the executor driven over SSH.",
+        TargetKind.SSH_MACHINE,
         credential_kind="runpod",
         adapter_factory=_runpod_pod,
-        ssh_executor=True,
         # One list call covers every pod; each running one costs an SSH round trip.
         poll_batch=200,
         misconfiguration=_pod_cloud_problem,
@@ -105,18 +135,18 @@ _TARGETS: dict[str, Target] = {
     "lambda": Target(
         "lambda",
         "Lambda Cloud on-demand instances, the executor driven over SSH (user ubuntu).",
+        TargetKind.SSH_MACHINE,
         credential_kind="lambda",
         adapter_factory=_lambda,
-        ssh_executor=True,
         poll_batch=200,  # one list call covers every instance
         has_offers=True,
     ),
     "vastai": Target(
         "vastai",
         "Vast.ai marketplace offers (direct SSH), the executor driven over SSH.",
+        TargetKind.SSH_MACHINE,
         credential_kind="vastai",
         adapter_factory=_vastai,
-        ssh_executor=True,
         poll_batch=200,  # one list call covers every instance
         has_offers=True,
     ),
@@ -139,8 +169,19 @@ def names() -> list[str]:
     return sorted(_TARGETS)
 
 
+def cloud(name: str) -> Target | None:
+    """The cloud target called ``name``; None for the own fleet, ``auto`` or an unknown name."""
+    target = _TARGETS.get(name)
+    return target if target is not None and target.is_cloud else None
+
+
+def is_own_fleet(name: str) -> bool:
+    target = _TARGETS.get(name)
+    return target is not None and target.kind is TargetKind.OWN_FLEET
+
+
 def cloud_targets() -> list[Target]:
-    return [t for t in _TARGETS.values() if t.adapter_factory is not None]
+    return [t for t in _TARGETS.values() if t.is_cloud]
 
 
 def priced_targets() -> list[Target]:

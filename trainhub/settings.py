@@ -10,6 +10,7 @@ from pathlib import Path
 import environ
 
 from gpu_worker import celery_conf
+from providers.registry import CREDENTIAL_KINDS
 from trainhub import embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -132,6 +133,12 @@ TRAINHUB_CONTROL_URL = env.str("TRAINHUB_CONTROL_URL", default="") or (
 # --- Cloud providers --------------------------------------------------------------------------
 # Every base URL is a setting (proxies, regional endpoints, tests). API keys come from the
 # project's credentials, or RUNPOD_API_KEY & co. for projects allowed operator credentials.
+# The operator's own keys by credential kind (RUNPOD_API_KEY, LAMBDA_API_KEY, VASTAI_API_KEY).
+TRAINHUB_OPERATOR_API_KEYS = {
+    kind: key
+    for kind in CREDENTIAL_KINDS
+    if (key := env.str(f"{kind.upper()}_API_KEY", default=""))
+}
 RUNPOD_SERVERLESS_URL = env.str("RUNPOD_SERVERLESS_URL", default="https://api.runpod.ai/v2")
 RUNPOD_REST_URL = env.str("RUNPOD_REST_URL", default="https://api.runpod.io/v2")
 # The operator's serverless endpoint running docker/Dockerfile.runpod-serverless.
@@ -188,38 +195,7 @@ TRAINHUB_DISPATCH_RESEND_SECONDS = env.int("TRAINHUB_DISPATCH_RESEND_SECONDS", d
 
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.default_broker_url(VAR_DIR)
-CELERY_BEAT_SCHEDULE = {
-    "poll-active-attempts": {
-        "task": celery_conf.POLL_ACTIVE_ATTEMPTS,
-        "schedule": celery_conf.POLL_INTERVAL_SECONDS,
-        "options": {"expires": celery_conf.POLL_INTERVAL_SECONDS},
-    },
-    "expire-leases": {
-        "task": celery_conf.EXPIRE_LEASES,
-        "schedule": celery_conf.EXPIRE_LEASES_INTERVAL_SECONDS,
-        "options": {"expires": celery_conf.EXPIRE_LEASES_INTERVAL_SECONDS},
-    },
-    "fleet-tick": {
-        "task": celery_conf.FLEET_TICK,
-        "schedule": celery_conf.FLEET_TICK_INTERVAL_SECONDS,
-        "options": {"expires": celery_conf.FLEET_TICK_INTERVAL_SECONDS},
-    },
-    "place-waiting": {
-        "task": celery_conf.PLACE_WAITING,
-        "schedule": celery_conf.PLACE_INTERVAL_SECONDS,
-        "options": {"expires": celery_conf.PLACE_INTERVAL_SECONDS},
-    },
-    "reconcile-providers": {
-        "task": celery_conf.RECONCILE_PROVIDERS,
-        "schedule": celery_conf.RECONCILE_INTERVAL_SECONDS,
-        "options": {"expires": celery_conf.RECONCILE_INTERVAL_SECONDS},
-    },
-    "storage-sweep": {
-        "task": celery_conf.STORAGE_SWEEP,
-        "schedule": celery_conf.STORAGE_SWEEP_INTERVAL_SECONDS,
-        "options": {"expires": celery_conf.STORAGE_SWEEP_INTERVAL_SECONDS},
-    },
-}
+CELERY_BEAT_SCHEDULE = celery_conf.beat_schedule()
 # Locks (per-target poll, single beat) live in the broker's Redis.
 TRAINHUB_LOCK_REDIS_URL = env.str("TRAINHUB_LOCK_REDIS_URL", default="") or CELERY_BROKER_URL
 

@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 from jobs.api import presenters as p
 from jobs.api.auth import request_project
 from jobs.errors import InvalidRequest
-from jobs.placement import parse_gpu
+from jobs.gpu_needs import parse_gpu
 from jobs.services import offers
 
 

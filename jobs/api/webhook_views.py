@@ -1,6 +1,6 @@
 """Provider webhooks: a provider calls these when an attempt's job ends.
 
-The URL carries a signed attempt id (``cloud.webhook_url``), so no API key is needed, and the
+The URL carries a signed attempt id (``services.webhooks.webhook_url``), so no API key is needed, and the
 body is treated as a hint only: the attempt is polled at once through the provider's API, so a
 forged or replayed body cannot move a job.
 """
@@ -13,9 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpu_worker import celery_conf as cc
 from jobs.errors import NotFound
-from jobs.services import cloud
+from jobs.services import messages, webhooks
 
 
 class ProviderWebhookView(APIView):
@@ -24,10 +23,8 @@ class ProviderWebhookView(APIView):
 
     @extend_schema(exclude=True)
     def post(self, request: Request, token: str) -> Response:
-        from trainhub.celery import app
-
-        attempt_pk = cloud.webhook_attempt(token)
+        attempt_pk = webhooks.webhook_attempt(token)
         if attempt_pk is None:
             raise NotFound("No such webhook.", code="not_found")
-        app.send_task(cc.POLL_ATTEMPT, args=[attempt_pk])
+        messages.send_poll_attempt(attempt_pk)
         return Response({"received": True})

@@ -3,6 +3,7 @@ from django.db import models
 
 from jobs.models.ids import new_artifact_id, new_job_id
 from jobs.states import EndReason, JobStatus
+from providers import registry
 
 
 class TrainingJob(models.Model):
@@ -29,7 +30,7 @@ class TrainingJob(models.Model):
     target = models.CharField(max_length=32)
     max_runtime_seconds = models.PositiveIntegerField()
     max_attempts = models.PositiveSmallIntegerField(default=3)
-    # Placement on the own fleet (jobs.placement): GPU needs and label selectors, any node if empty.
+    # Placement on the own fleet (jobs.gpu_needs): GPU needs and label selectors, any node if empty.
     gpu = models.JSONField(default=dict, blank=True, help_text="{count, min_vram_gb, name glob}")
     node_selector = models.JSONField(default=dict, blank=True, help_text="{label: glob}")
     max_price_per_hour = models.DecimalField(
@@ -173,6 +174,11 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job.public_id}#a{self.number}"
+
+    @property
+    def on_own_fleet(self) -> bool:
+        """Run by one of the operator's GPU nodes (not rented from a provider)."""
+        return registry.is_own_fleet(self.target)
 
 
 class JobEvent(models.Model):

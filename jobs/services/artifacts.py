@@ -10,7 +10,7 @@ from gpu_worker.bundle import BundleError, verify_bundle
 from jobs import storage
 from jobs.models import Artifact, JobAttempt, TrainingJob
 from jobs.services.attempts import attempt_end
-from jobs.services.jobs import job_transition
+from jobs.services.status import job_transition
 from jobs.states import EndReason, JobStatus
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Attempts: start, leases, executor reports, and their end (cloud ones: services.cloud).
+"""Attempts: start, leases, executor reports, and their end (cloud ones after launch:
+services.polling and services.stopping).
 
 An attempt ends exactly once (conditional UPDATE on ``ended_at IS NULL``); how it ended
 decides where the job goes: back to the queue while attempts remain, failed, or cancelled.
@@ -15,14 +16,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gpu_worker import celery_conf
+from gpu_worker.outcomes import Outcome
 from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, TrainingJob
-from jobs.services import costs
+from jobs.services import costs, messages
 from jobs.services.events import clean_executor_event, event_append, events_store
-from jobs.services.jobs import job_transition
+from jobs.services.nodes import node_authenticate, node_cancel, node_release
+from jobs.services.status import job_transition
 from jobs.states import EndReason, JobStatus
-from providers.base import MACHINE_PREFIX
+from providers.base import MACHINE_PREFIX, Handle
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -39,6 +41,11 @@ def attempt_live(*, job: TrainingJob) -> JobAttempt | None:
 def machine_name(attempt: JobAttempt) -> str:
     """What a rented machine is called: how the reconciler recognises ours."""
     return f"{MACHINE_PREFIX}{attempt.job.public_id}-a{attempt.number}"
+
+
+def machine_handle(attempt: JobAttempt) -> Handle:
+    """How the provider knows the attempt's machine."""
+    return Handle(instance_id=attempt.provider_instance_id, name=machine_name(attempt))
 
 
 def parse_machine_name(name: str) -> tuple[str, int] | None:
@@ -81,12 +88,10 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         )
         if not ended:
             return False
-        if attempt.target != "local":
-            costs.attempt_settle_cost(attempt_pk=attempt.pk)
-        if attempt.node_name:
-            from jobs.services.dispatch import node_release
-
+        if attempt.on_own_fleet:
             node_release(attempt=attempt)
+        else:
+            costs.attempt_settle_cost(attempt_pk=attempt.pk)
         job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
         detail = message or reason.value.replace("_", " ")
         event_append(
@@ -115,7 +120,7 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
                     job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}"
                 )
     if attempt.provider_instance_id:  # however it ended, its machine must stop billing
-        transaction.on_commit(lambda: _send_stop(attempt.job_id))
+        messages.send_stop_machines(attempt.job_id)
     return True
 
 
@@ -124,8 +129,6 @@ def attempt_request_stop(*, attempt: JobAttempt) -> None:
     the stop is confirmed or the lease expires. A node attempt not claimed yet has nothing
     running: it ends now, and the node's claim of it will be refused."""
     if attempt.node_name:
-        from jobs.services.dispatch import send_node_cancel
-
         unclaimed = JobAttempt.objects.filter(
             pk=attempt.pk, claimed_at__isnull=True, ended_at__isnull=True
         ).exists()
@@ -134,21 +137,9 @@ def attempt_request_stop(*, attempt: JobAttempt) -> None:
                 attempt=attempt, reason=EndReason.CANCELLED, message="cancelled before start"
             )
         else:
-            transaction.on_commit(lambda: send_node_cancel(attempt=attempt))
+            node_cancel(attempt=attempt)
         return
-    transaction.on_commit(lambda: _send_stop(attempt.job_id))
-
-
-def _send_ingest(attempt_pk: int, reported_sha256: str) -> None:
-    from trainhub.celery import app
-
-    app.send_task(celery_conf.INGEST_ARTIFACT, args=[attempt_pk, reported_sha256])
-
-
-def _send_stop(job_pk: int) -> None:
-    from trainhub.celery import app
-
-    app.send_task(celery_conf.CANCEL_JOB, args=[job_pk])
+    messages.send_stop_machines(attempt.job_id)
 
 
 def attempt_renew_lease(*, attempt: JobAttempt) -> None:
@@ -171,9 +162,6 @@ def attempts_expire_leases() -> int:
 
 
 # --- executor reports -------------------------------------------------------------------------
-
-# Executor status reports → what they mean for the attempt.
-_REPORTED_END = {"cancelled": EndReason.CANCELLED}
 
 
 def attempt_record_events(
@@ -198,44 +186,60 @@ def attempt_record_events(
     if attempt is None:
         log.info("dropping events for %s attempt %s: not the live attempt", job_id, attempt_number)
         return 0
-    if attempt.node_name:
-        from jobs.services.nodes import node_authenticate
-
-        if node != attempt.node_name or node_authenticate(name=node, token=token) is None:
-            log.warning(
-                "dropping events for %s attempt %s: not from its node %s with a valid token",
-                job_id,
-                attempt_number,
-                attempt.node_name,
-            )
-            return 0
+    # Sent to a node: only that node, with its current token, speaks for the attempt.
+    from_its_node = node == attempt.node_name and node_authenticate(name=node, token=token)
+    if attempt.node_name and not from_its_node:
+        log.warning(
+            "dropping events for %s attempt %s: not from its node %s with a valid token",
+            job_id,
+            attempt_number,
+            attempt.node_name,
+        )
+        return 0
     cleaned = [e for e in (clean_executor_event(raw) for raw in events) if e is not None]
     stored = events_store(job=attempt.job, attempt=attempt_number, events=cleaned)
     attempt_renew_lease(attempt=attempt)
     for event in stored:
         if event.type == "status":
-            apply_reported_status(attempt, event.data.get("status"), event.data, event.message)
+            outcome = _outcome(event.data.get("status"))
+            if outcome is not None:
+                apply_outcome(attempt, outcome, event.data, event.message)
         elif event.type == "error":
-            apply_reported_status(attempt, "failed", event.data, event.message)
+            apply_outcome(attempt, Outcome.FAILED, event.data, event.message)
     return len(stored)
 
 
-def apply_reported_status(attempt: JobAttempt, status: object, data: dict, message: str) -> None:
+def _outcome(value: object) -> Outcome | None:
+    try:
+        return Outcome(value)
+    except ValueError:  # remote input: a status this control plane does not act on
+        return None
+
+
+def apply_outcome(
+    attempt: JobAttempt, outcome: Outcome, data: dict[str, Any], message: str
+) -> None:
+    """Act on what the executor (or the provider, for it) reported about the attempt."""
     job = TrainingJob.objects.get(pk=attempt.job_id)
-    if status == "running" and job.status == S.PROVISIONING:
+    if outcome is Outcome.RUNNING and job.status == S.PROVISIONING:
         JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
         job_transition(job=job, to=S.RUNNING, message="Training started.")
-    elif status == "succeeded" and job.status == S.RUNNING:
+    elif outcome is Outcome.SUCCEEDED and job.status == S.RUNNING:
         job_transition(
             job=job, to=S.FINALIZING, message="Training finished; verifying the adapter."
         )
-        reported = str(data.get("sha256", ""))
-        transaction.on_commit(lambda: _send_ingest(attempt.pk, reported))
-    elif status == "failed":
+        messages.send_ingest_artifact(attempt.pk, str(data.get("sha256", "")))
+    elif outcome is Outcome.FAILED:
         try:
             reason = EndReason(data.get("code", "internal_error"))
         except ValueError:
             reason = EndReason.INTERNAL_ERROR
         attempt_end(attempt=attempt, reason=reason, message=message)
-    elif status in _REPORTED_END:
-        attempt_end(attempt=attempt, reason=_REPORTED_END[status], message=message)
+    elif outcome is Outcome.CANCELLED:
+        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message=message)
+
+
+def report_finished(attempt: JobAttempt, message: str = "") -> None:
+    """The run finished; it may never have been seen running (it ran between two polls)."""
+    apply_outcome(attempt, Outcome.RUNNING, {}, "")  # only moves a job still provisioning
+    apply_outcome(attempt, Outcome.SUCCEEDED, {}, message)

@@ -16,34 +16,29 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
-from gpu_worker.spec import SPEC_VERSION
-from jobs import storage
 from jobs.errors import InvalidTransition
+from jobs.gpu_needs import misfit
 from jobs.models import GpuNode, JobAttempt, TrainingJob
-from jobs.placement import misfit
+from jobs.services import messages
 from jobs.services.attempts import attempt_start
 from jobs.services.events import event_append
-from jobs.services.nodes import node_settle
-from jobs.states import JobStatus
-from providers.registry import AUTO_TARGET
+from jobs.services.nodes import node_cancel
+from jobs.services.specs import attempt_spec
+from jobs.states import JobStatus, WaitCode
+from providers.registry import AUTO_TARGET, OWN_FLEET_TARGET
 
 log = logging.getLogger(__name__)
 S = JobStatus
 N = GpuNode.Status
-LOCAL = "local"
+LOCAL = OWN_FLEET_TARGET
 # Jobs looked at per pass; the rest wait for the next pass (the order is by priority, age).
 DISPATCH_BATCH = 200
-# Signed URLs outlive the attempt: max_runtime plus time to wait in the node's queue and upload.
-# (S3 caps a presigned URL at 7 days, so a week-long job gets no slack there.)
-URL_SLACK_SECONDS = 6 * 3600
 
 
 def dispatch_queued() -> int:
@@ -63,7 +58,7 @@ def dispatch_queued() -> int:
             node.status = N.BUSY  # for the rest of this pass
             placed += 1
         elif job.target == LOCAL:
-            note_waiting(job, _waiting_reason(job, nodes, fitting))
+            note_waiting(job, *_waiting_reason(job, nodes, fitting))
     return placed
 
 
@@ -89,24 +84,28 @@ def place_on_node(job: TrainingJob, node: GpuNode) -> bool:
     return True
 
 
-def _waiting_reason(job: TrainingJob, nodes: list[GpuNode], fitting: list[GpuNode]) -> str:
+def _waiting_reason(
+    job: TrainingJob, nodes: list[GpuNode], fitting: list[GpuNode]
+) -> tuple[WaitCode, str]:
     online = [n for n in nodes if n.status != N.OFFLINE]
     fitting_online = [n for n in fitting if n.status != N.OFFLINE]
     if fitting_online:
         busy = ", ".join(f"{n.name} ({n.status})" for n in fitting_online)
-        return f"Waiting for a node: every node that fits is busy: {busy}."
+        return WaitCode.NODES_BUSY, f"Waiting for a node: every node that fits is busy: {busy}."
     if not nodes:
-        return "Waiting for a node: no GPU node is registered."
+        return WaitCode.NO_NODE_REGISTERED, "Waiting for a node: no GPU node is registered."
     if not online:
-        return "Waiting for a node: every GPU node is offline."
+        return WaitCode.NODES_OFFLINE, "Waiting for a node: every GPU node is offline."
     why = "; ".join(f"{n.name} {misfit(job.gpu, job.node_selector, n)}" for n in online)
     offline = ", ".join(n.name for n in fitting)
     tail = f" Fitting but offline: {offline}." if offline else ""
-    return f"No online node fits this job: {why}.{tail}"[:1000]
+    return WaitCode.NO_NODE_FITS, f"No online node fits this job: {why}.{tail}"
 
 
-def note_waiting(job: TrainingJob, reason: str) -> None:
-    """Record why the job waits, as a field and an event, only when the reason changes."""
+def note_waiting(job: TrainingJob, code: WaitCode, message: str) -> None:
+    """Record why the job waits, as a field and an event (with ``code``), only when the reason
+    changes."""
+    reason = message[:1000]
     if reason == job.waiting_reason:
         return
     with transaction.atomic():
@@ -116,80 +115,23 @@ def note_waiting(job: TrainingJob, reason: str) -> None:
             .update(waiting_reason=reason)
         )
         if changed:
-            event_append(job=job, type="log", level="info", message=reason)
+            event_append(
+                job=job, type="log", level="info", message=reason, data={"waiting": str(code)}
+            )
     job.waiting_reason = reason
 
 
 # --- the message to the node ----------------------------------------------------------------
 
 
-def attempt_spec(
-    attempt: JobAttempt, *, sinks: list[dict[str, Any]] | None = None, public: bool = False
-) -> dict[str, Any]:
-    """The executor's job spec for ``attempt`` (gpu_worker.spec), with fresh signed URLs.
-
-    ``sinks``: where its events go (default: Celery, as on a GPU node). ``public``: the
-    executor runs on a rented machine outside the operator's network."""
-    job = attempt.job
-    ttl = job.max_runtime_seconds + URL_SLACK_SECONDS
-
-    def url(key: str, method: str, **kwargs: Any) -> str:
-        return storage.transfer_url(key, method, ttl_seconds=ttl, public=public, **kwargs)
-
-    files = {"dataset": job.training_file, "validation_dataset": job.validation_file}
-    checkpoint = storage.checkpoint_key(job.project_id, job.public_id)
-    spec: dict[str, Any] = {
-        "version": SPEC_VERSION,
-        "job_id": job.public_id,
-        "attempt": attempt.number,
-        "model": job.model,
-        **{
-            name: {
-                "url": url(f.storage_key, "GET"),
-                "sha256": f.sha256,
-                "format": f.format,
-            }
-            for name, f in files.items()
-            if f is not None
-        },
-        "outputs": {
-            # Issued before the bytes exist, so capped rather than pinned to a size and hash:
-            # ingest verifies every member against the manifest and the reported sha256.
-            "artifact_url": url(
-                storage.bundle_key(job.project_id, job.public_id, attempt.number),
-                "PUT",
-                max_bytes=storage.MAX_PUT_BYTES,
-            ),
-            "checkpoint_url": url(checkpoint, "PUT", max_bytes=storage.MAX_PUT_BYTES),
-            "resume_url": url(checkpoint, "GET") if storage.exists(checkpoint) else None,
-        },
-        "adapter": job.adapter,
-        "hyperparameters": job.hyperparameters,
-        "seed": job.seed,
-        "max_runtime_seconds": job.max_runtime_seconds,
-        "report": {
-            "sinks": sinks if sinks is not None else [{"type": "celery"}],
-            # Several heartbeats per lease, so one lost message never costs the attempt.
-            "heartbeat_seconds": max(1.0, settings.TRAINHUB_LEASE_TTL_SECONDS / 5),
-            # Progress reaches the API within a second or two (metrics are throttled to 1/s).
-            "flush_seconds": 1.0,
-        },
-    }
-    return spec
-
-
 def send_run_attempt(*, attempt_pk: int) -> None:
     """Send the attempt to its node's queue (again, if it was sent before)."""
-    from trainhub.celery import app
-
     attempt = JobAttempt.objects.select_related("job").get(pk=attempt_pk)
     if attempt.ended_at is not None or attempt.claimed_at is not None:
         return
     claim_url = settings.TRAINHUB_CONTROL_URL.rstrip("/") + reverse("node-claim")
-    app.send_task(
-        cc.RUN_ATTEMPT,
-        args=[{"spec": attempt_spec(attempt), "claim_url": claim_url}],
-        queue=cc.node_queue(attempt.node_name),
+    messages.send_run_attempt(
+        attempt.node_name, {"spec": attempt_spec(attempt), "claim_url": claim_url}
     )
 
 
@@ -221,34 +163,7 @@ def attempts_resend_unclaimed() -> int:
     return len(pks)
 
 
-# --- attempt end and cancel -----------------------------------------------------------------
-
-
-def node_release(*, attempt: JobAttempt) -> None:
-    """The attempt ended: free its node. An ephemeral node is shutting down after its one job:
-    it retires (offline, whatever its last heartbeats say) until a new process registers, so
-    no second job waits in a queue nobody reads."""
-    node = GpuNode.objects.filter(current_attempt_id=attempt.pk).first()
-    if node is None:
-        return
-    GpuNode.objects.filter(pk=node.pk, current_attempt_id=attempt.pk).update(
-        current_attempt=None, retired=node.ephemeral
-    )
-    node_settle(node_pk=node.pk)  # idle again → the dispatcher looks for the next job
-
-
-def send_node_cancel(*, attempt: JobAttempt) -> None:
-    """Ask the node running ``attempt`` to stop it (a remote-control broadcast to that node)."""
-    from trainhub.celery import app
-
-    node = GpuNode.objects.filter(name=attempt.node_name).first()
-    if node is None or not node.celery_hostname:
-        return
-    app.control.broadcast(
-        cc.CANCEL_ATTEMPT_COMMAND,
-        arguments={"job_id": attempt.job.public_id, "attempt": attempt.number},
-        destination=[node.celery_hostname],
-    )
+# --- cancel -------------------------------------------------------------------------------
 
 
 def attempts_resend_cancels() -> int:
@@ -258,6 +173,6 @@ def attempts_resend_cancels() -> int:
     )
     count = 0
     for attempt in live:
-        send_node_cancel(attempt=attempt)
+        node_cancel(attempt=attempt)
         count += 1
     return count

@@ -10,11 +10,13 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from gpu_worker import celery_conf, datasets
+from gpu_worker import datasets
 from jobs import storage
 from jobs.errors import Conflict, InvalidRequest
 from jobs.models import Project, TrainingFile, TrainingJob
 from jobs.models.ids import new_file_id
+from jobs.services import messages
+from jobs.services.jobs import job_advance_validation
 from jobs.services.retention import storage_forget
 from jobs.states import LIVE
 
@@ -62,14 +64,8 @@ def file_create(
             sha256=stored.sha256,
             storage_key=key,
         )
-        transaction.on_commit(lambda: _send_validate(record.pk))
+        messages.send_validate_file(record.pk)
     return record
-
-
-def _send_validate(file_pk: int) -> None:
-    from trainhub.celery import app
-
-    app.send_task(celery_conf.VALIDATE_FILE, args=[file_pk])
 
 
 def file_validate(*, file_pk: int) -> TrainingFile | None:
@@ -77,8 +73,6 @@ def file_validate(*, file_pk: int) -> TrainingFile | None:
 
     Safe to run twice: only an ``uploaded`` (or interrupted ``processing``) file is claimed.
     """
-    from jobs.services.jobs import job_advance_validation
-
     claimed = TrainingFile.objects.filter(pk=file_pk, status__in=[S.UPLOADED, S.PROCESSING]).update(
         status=S.PROCESSING
     )

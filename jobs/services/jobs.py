@@ -1,4 +1,4 @@
-"""Training jobs: create, the one status writer, cancel, retry, delete."""
+"""Training jobs: create (validated before any GPU is paid for), cancel, retry, delete."""
 
 from __future__ import annotations
 
@@ -6,21 +6,23 @@ import fnmatch
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
-from gpu_worker import celery_conf, spec
-from jobs import placement, storage
-from jobs.errors import Conflict, InvalidRequest, InvalidTransition, LimitExceeded
+from gpu_worker import spec
+from jobs import gpu_needs, storage
+from jobs.errors import Conflict, InvalidRequest, LimitExceeded
 from jobs.models import GpuNode, IdempotencyKey, Project, TrainingFile, TrainingJob
+from jobs.services.attempts import attempt_live, attempt_request_stop
 from jobs.services.events import event_append
 from jobs.services.retention import storage_forget
+from jobs.services.status import job_transition
 from jobs.services.targets import target_problem
-from jobs.states import ALLOWED_FROM, LIVE, TERMINAL, JobStatus
+from jobs.states import LIVE, TERMINAL, JobStatus
 from providers import registry
 
 S = JobStatus
@@ -39,71 +41,6 @@ JOB_FIELDS = (
     "node_selector",
     "max_price_per_hour",
 )
-
-
-def job_transition(
-    *,
-    job: TrainingJob,
-    to: JobStatus,
-    message: str = "",
-    error_code: str = "",
-    data: Mapping[str, Any] | None = None,
-) -> bool:
-    """The only writer of ``TrainingJob.status``.
-
-    A conditional UPDATE (``WHERE status IN allowed``) makes concurrent writers safe on
-    PostgreSQL and SQLite alike. Returns True if this call moved the job, False if it was
-    already in ``to`` (a repeat); raises InvalidTransition otherwise.
-    """
-    now = timezone.now()
-    fields: dict[str, Any] = {"status": to}
-    if to in TERMINAL:
-        fields["finished_at"] = now
-    if to == S.FAILED:
-        fields.update(error_code=error_code or "internal_error", error_message=message)
-    if to == S.RUNNING:
-        fields["started_at"] = now
-    with transaction.atomic():
-        moved = TrainingJob.objects.filter(pk=job.pk, status__in=ALLOWED_FROM[to]).update(**fields)
-        if not moved:
-            current = TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-            if current == to:
-                return False
-            raise InvalidTransition(current, to)
-        if to == S.QUEUED and job.status in (S.FAILED, S.CANCELLED):
-            TrainingJob.objects.filter(pk=job.pk).update(
-                error_code="", error_message="", finished_at=None
-            )
-            fields.update(error_code="", error_message="", finished_at=None)
-        event_append(
-            job=job,
-            type="status",
-            level="error" if to == S.FAILED else "info",
-            message=message or f"Job is {to}.",
-            data={
-                "status": str(to),
-                **({"code": error_code} if error_code else {}),
-                **(data or {}),
-            },
-        )
-        for name, value in fields.items():
-            setattr(job, name, value)
-        if to == S.QUEUED:
-            transaction.on_commit(lambda: _on_queued(job.pk, job.target))
-    return True
-
-
-def _on_queued(job_pk: int, target: str) -> None:
-    """Cloud and ``auto`` jobs are placed by submit_attempt; local jobs go to the dispatcher."""
-    from trainhub.celery import app
-
-    entry = registry.get(target)
-    if target == registry.AUTO_TARGET or (entry is not None and entry.adapter_factory):
-        app.send_task(celery_conf.SUBMIT_ATTEMPT, args=[job_pk])
-    elif target == "local":
-        from jobs.services.nodes import send_dispatch
-
-        send_dispatch()
 
 
 # --- create -----------------------------------------------------------------------------------
@@ -220,7 +157,7 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
         else None,
         "seed": _int_field(data, "seed", 42, 0, 2**31 - 1),
         "suffix": suffix,
-        "target": _check_target(project, data.get("target", "local")),
+        "target": _check_target(project, data.get("target", registry.OWN_FLEET_TARGET)),
         "max_runtime_seconds": _int_field(
             data,
             "max_runtime_seconds",
@@ -229,13 +166,13 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
             spec.MAX_RUNTIME_LIMIT_SECONDS,
         ),
         "max_attempts": _int_field(data, "max_attempts", 3, 1, 10),
-        "gpu": placement.parse_gpu(data.get("gpu")),
-        "node_selector": placement.parse_node_selector(data.get("node_selector")),
-        "max_price_per_hour": placement.parse_price(data.get("max_price_per_hour")),
+        "gpu": gpu_needs.parse_gpu(data.get("gpu")),
+        "node_selector": gpu_needs.parse_node_selector(data.get("node_selector")),
+        "max_price_per_hour": gpu_needs.parse_price(data.get("max_price_per_hour")),
     }
     entry = registry.get(parsed["target"])
     capped = parsed["max_price_per_hour"] is not None
-    if capped and entry is not None and entry.adapter_factory and not entry.has_offers:
+    if capped and entry is not None and entry.is_cloud and not entry.has_offers:
         raise _param_error(  # refused now rather than discovered on the bill
             f"target '{entry.name}' has no price list, so max_price_per_hour cannot be "
             "enforced there; use a target with offers (GET /api/v1/providers/) or 'auto'.",
@@ -245,8 +182,6 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def spec_to_json(value: object) -> dict[str, Any]:
-    from dataclasses import asdict
-
     out = asdict(value)  # type: ignore[call-overload]
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
@@ -347,8 +282,6 @@ def job_advance_validation(*, job: TrainingJob) -> None:
 def job_cancel(*, job: TrainingJob) -> TrainingJob:
     """Cancel a live job. Without a live attempt nothing runs, so it is cancelled at once;
     otherwise it stays ``cancelling`` until the executor or provider confirms the stop."""
-    from jobs.services.attempts import attempt_live, attempt_request_stop
-
     if job.status in TERMINAL:
         raise Conflict(f"Job {job.public_id} is already {job.status}.", code="job_not_cancellable")
     if job.status == S.VALIDATING_FILES:

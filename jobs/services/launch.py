@@ -21,16 +21,16 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import storage
 from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, Project, TrainingJob
-from jobs.services import costs, offers, remote
-from jobs.services.attempts import attempt_end, attempt_start, machine_name
-from jobs.services.cloud import POLL_EVERY, report_finished, send_task, webhook_url
-from jobs.services.dispatch import attempt_spec
+from jobs.services import costs, messages, offers, remote
+from jobs.services.attempts import attempt_end, attempt_start, machine_name, report_finished
 from jobs.services.events import event_append
+from jobs.services.polling import POLL_EVERY
+from jobs.services.specs import attempt_spec
 from jobs.services.targets import MissingCredentials, adapter_for
+from jobs.services.webhooks import webhook_url
 from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import LaunchRequest, Offer, RemoteStatus
@@ -62,8 +62,8 @@ def offer_label(offer: Offer) -> str:
 def attempt_launch(*, job: TrainingJob, candidates: Sequence[Offer] = ()) -> JobAttempt | None:
     """Start the next attempt of a queued cloud job and launch it: on the first candidate offer
     that takes it, or (targets without a price list) wherever the job's target chooses."""
-    target = registry.get(candidates[0].target if candidates else job.target)
-    if target is None or target.adapter_factory is None:
+    target = registry.cloud(candidates[0].target if candidates else job.target)
+    if target is None:
         return None
     try:
         attempt = attempt_start(job=job, target=target.name)
@@ -101,12 +101,12 @@ def attempt_provision(
             if why:
                 refusals.append(f"{offer_label(offer)}: {why}")
                 continue
-        target = registry.get(attempt.target)
-        if target is None or target.adapter_factory is None:
+        target = registry.cloud(attempt.target)
+        if target is None:
             attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message="unknown target")
             return
         try:
-            if target.ssh_executor and not attempt.ssh_private_key_ciphertext:
+            if target.drives_ssh and not attempt.ssh_private_key_ciphertext:
                 remote.attempt_new_ssh_key(attempt=attempt)
             handle = adapter_for(target, job.project).launch(_launch_request(attempt, target))
         except NoCapacity as exc:
@@ -180,7 +180,7 @@ def _launched(
     if JobAttempt.objects.filter(
         Q(ended_at__isnull=False) | Q(job__status=S.CANCELLING), pk=attempt.pk
     ).exists():
-        send_task(cc.CANCEL_JOB, [job.pk])
+        messages.send_stop_machines(job.pk)
 
 
 def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchRequest:
@@ -191,9 +191,9 @@ def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchReque
         name=machine_name(attempt),
         max_runtime_seconds=job.max_runtime_seconds,
         # Handler-style providers run the spec as given; SSH ones get it once the machine is up.
-        spec={} if target.ssh_executor else attempt_spec(attempt, sinks=[], public=True),
+        spec={} if target.drives_ssh else attempt_spec(attempt, sinks=[], public=True),
         gpu=dict(job.gpu),
-        ssh_public_key=remote.attempt_public_key(attempt) if target.ssh_executor else "",
+        ssh_public_key=remote.attempt_public_key(attempt) if target.drives_ssh else "",
         webhook_url=webhook_url(attempt),
         offer=Offer(**attempt.offer) if attempt.offer else None,
     )
@@ -211,7 +211,7 @@ def _launch_failed(
             reason=EndReason.PROVIDER_ERROR,
             message=f"{target.name} refused the project's credential: {exc}",
         )
-    elif isinstance(exc, TransientProviderError) and exc.maybe_applied and not target.ssh_executor:
+    elif isinstance(exc, TransientProviderError) and exc.maybe_applied and not target.drives_ssh:
         # The provider may run it already and cannot be asked (no listing by name): look at
         # the attempt's output before submitting again, rather than pay for two runs blindly.
         JobAttempt.objects.filter(pk=attempt.pk).update(launch_unconfirmed_at=timezone.now())
@@ -224,13 +224,13 @@ def _launch_failed(
             f"{UNCONFIRMED_WAIT_SECONDS} s before submitting again.",
             data={"attempt": attempt.number},
         )
-        send_task(cc.PROVISION_ATTEMPT, [attempt.pk, try_number + 1], UNCONFIRMED_WAIT_SECONDS)
+        messages.send_provision_attempt(attempt.pk, try_number + 1, UNCONFIRMED_WAIT_SECONDS)
     elif isinstance(exc, TransientProviderError | RateLimited) and try_number < len(
         LAUNCH_RETRY_SECONDS
     ):
         # Not applied (or found by name next time): try again; the lease ends a hopeless run.
         delay = max(LAUNCH_RETRY_SECONDS[try_number], getattr(exc, "retry_after", 0) or 0)
-        send_task(cc.PROVISION_ATTEMPT, [attempt.pk, try_number + 1], delay)
+        messages.send_provision_attempt(attempt.pk, try_number + 1, delay)
     else:
         attempt_end(
             attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=f"launch failed: {exc}"

@@ -22,9 +22,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gpu_worker import celery_conf
 from jobs.errors import Conflict, InvalidRequest, NotFound
-from jobs.models import GpuNode, NodeEvent
+from jobs.models import GpuNode, JobAttempt, NodeEvent
+from jobs.services import messages
 
 log = logging.getLogger(__name__)
 N = GpuNode.Status
@@ -110,7 +110,7 @@ def node_settle(*, node_pk: int) -> str:
             if status == N.OFFLINE:
                 _audit(node, "offline", _why_offline(node))
             elif status == N.IDLE:  # a node free for work: look for a job
-                transaction.on_commit(send_dispatch)
+                messages.send_dispatch()
     return status
 
 
@@ -120,12 +120,6 @@ def _why_offline(node: GpuNode) -> str:
     if node.last_heartbeat_at is None:
         return "Node stopped (or never registered)."
     return f"No heartbeat for {settings.TRAINHUB_NODE_OFFLINE_SECONDS} s; node is offline."
-
-
-def send_dispatch() -> None:
-    from trainhub.celery import app
-
-    app.send_task(celery_conf.DISPATCH)
 
 
 def _int(value: object) -> int:
@@ -233,3 +227,28 @@ def node_delete(*, node: GpuNode, actor: str = "") -> None:
     with transaction.atomic():
         _audit(node, "deleted", "Node deleted.", actor)
         node.delete()
+
+
+# --- the node's attempt ends or is cancelled --------------------------------------------------
+
+
+def node_release(*, attempt: JobAttempt) -> None:
+    """The attempt ended: free its node. An ephemeral node is shutting down after its one job:
+    it retires (offline, whatever its last heartbeats say) until a new process registers, so
+    no second job waits in a queue nobody reads."""
+    node = GpuNode.objects.filter(current_attempt_id=attempt.pk).first()
+    if node is None:
+        return
+    GpuNode.objects.filter(pk=node.pk, current_attempt_id=attempt.pk).update(
+        current_attempt=None, retired=node.ephemeral
+    )
+    node_settle(node_pk=node.pk)  # idle again → the dispatcher looks for the next job
+
+
+def node_cancel(*, attempt: JobAttempt) -> None:
+    """Ask the node running ``attempt`` to stop it (a remote-control broadcast to that node,
+    after commit)."""
+    node = GpuNode.objects.filter(name=attempt.node_name).first()
+    if node is None or not node.celery_hostname:
+        return
+    messages.broadcast_cancel_attempt(node.celery_hostname, attempt.job.public_id, attempt.number)

@@ -20,7 +20,7 @@ from django.utils import timezone
 from jobs import crypto
 from jobs.models import JobAttempt
 from jobs.services.attempts import attempt_end, attempt_record_events, machine_name
-from jobs.services.dispatch import attempt_spec
+from jobs.services.specs import attempt_spec
 from jobs.states import EndReason, JobStatus
 from providers import ssh
 from providers.base import RemoteState, RemoteStatus, SshAddress

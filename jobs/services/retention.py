@@ -21,9 +21,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import storage
 from jobs.models import StorageDeletion, TrainingJob
+from jobs.services import messages
 from jobs.states import TERMINAL, JobStatus
 
 log = logging.getLogger(__name__)
@@ -42,14 +42,8 @@ def storage_forget(*, key: str, reason: str) -> StorageDeletion:
     """Schedule ``key`` (an object, or a folder ending in '/') for deletion. Call it inside the
     transaction that deletes its owner: the objects go once that commits, never before."""
     deletion = StorageDeletion.objects.create(key=key, reason=reason)
-    transaction.on_commit(lambda: _send_purge(deletion.pk))
+    messages.send_purge_storage(deletion.pk)
     return deletion
-
-
-def _send_purge(deletion_pk: int) -> None:
-    from trainhub.celery import app
-
-    app.send_task(cc.PURGE_STORAGE, args=[deletion_pk])
 
 
 def storage_purge(*, deletion_pk: int, now: datetime | None = None) -> int:

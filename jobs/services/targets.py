@@ -3,7 +3,7 @@ placement, the providers API and every provider call."""
 
 from __future__ import annotations
 
-import os
+from django.conf import settings
 
 from jobs import storage
 from jobs.models import Project
@@ -22,7 +22,7 @@ def provider_secrets(*, project: Project, kind: str) -> dict[str, str] | None:
     credential = project.credentials.filter(provider=kind).order_by("-updated_at").first()
     if credential is not None:
         return credential_secrets(credential=credential)
-    key = os.environ.get(f"{kind.upper()}_API_KEY", "")
+    key = settings.TRAINHUB_OPERATOR_API_KEYS.get(kind, "")
     if key and kind in project.operator_credential_providers:
         return {"api_key": key}
     return None
@@ -32,7 +32,7 @@ def credential_source(*, project: Project, kind: str) -> str | None:
     """'project', 'operator' or None: whose key ``provider_secrets`` would return."""
     if project.credentials.filter(provider=kind).exists():
         return "project"
-    if kind in project.operator_credential_providers and os.environ.get(f"{kind.upper()}_API_KEY"):
+    if kind in project.operator_credential_providers and settings.TRAINHUB_OPERATOR_API_KEYS.get(kind):
         return "operator"
     return None
 
@@ -66,7 +66,7 @@ def target_problem(*, project: Project, target: registry.Target) -> tuple[str, s
     problem = target.misconfiguration()
     if problem:
         return "target_unavailable", f"target '{target.name}' is not available: {problem}."
-    if target.adapter_factory is not None and not storage.reachable_from_cloud():
+    if target.is_cloud and not storage.reachable_from_cloud():
         return (
             "storage_unreachable",
             f"target '{target.name}' runs on rented machines that cannot reach this "

@@ -20,12 +20,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from jobs import placement
+from jobs import gpu_needs
 from jobs.models import GpuNode, JobAttempt, TrainingJob
 from jobs.services import costs, dispatch, launch, offers
 from jobs.services.events import event_append
 from jobs.services.targets import MissingCredentials, target_problem
-from jobs.states import EndReason, JobStatus
+from jobs.states import EndReason, JobStatus, WaitCode
 from providers import registry
 from providers.base import Offer, offer_misfit
 from providers.errors import ProviderError
@@ -42,12 +42,24 @@ MAX_LISTED = 12
 _NOT_THE_MACHINE = (EndReason.SUCCEEDED, EndReason.CANCELLED, EndReason.PRICE_CAP_EXCEEDED)
 
 
+@dataclass(frozen=True)
+class Skip:
+    """Why an offer was left out. ``group`` is what the waiting reason counts offers by (alike
+    for every offer skipped for the same cause); ``detail`` adds this offer's particulars."""
+
+    group: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return self.group + self.detail
+
+
 @dataclass
 class Plan:
     """Offers to try, cheapest first, and why everything else was left out."""
 
     candidates: list[Offer] = field(default_factory=list)
-    skipped: list[tuple[Offer, str]] = field(default_factory=list)
+    skipped: list[tuple[Offer, Skip]] = field(default_factory=list)
     unusable: list[str] = field(default_factory=list)  # targets that could not be asked
 
     def summary(self) -> str:
@@ -67,14 +79,14 @@ def job_place(*, job_pk: int) -> JobAttempt | None:
         if _place_on_idle_node(job):
             return None
     else:
-        target = registry.get(job.target)
-        if target is None or target.adapter_factory is None:
+        target = registry.cloud(job.target)
+        if target is None:
             return None
         if not target.has_offers:
             return launch.attempt_launch(job=job)
     plan = job_plan(job)
     if not plan.candidates:
-        dispatch.note_waiting(job, _waiting_reason(job, plan))
+        dispatch.note_waiting(job, WaitCode.NO_OFFER, _waiting_reason(job, plan))
         return None
     first = plan.candidates[0]
     event_append(
@@ -86,7 +98,7 @@ def job_place(*, job_pk: int) -> JobAttempt | None:
         data={
             "candidates": [launch.offer_label(o) for o in plan.candidates],
             "skipped": [
-                {"offer": launch.offer_label(o), "reason": why}
+                {"offer": launch.offer_label(o), "reason": str(why)}
                 for o, why in plan.skipped[:MAX_LISTED]
             ],
             "unusable": plan.unusable,
@@ -134,7 +146,7 @@ def job_plan(job: TrainingJob) -> Plan:
         spend = costs.project_spend_per_hour(project_id=job.project_id)
     for offer in sorted(found, key=lambda o: (o.price_per_hour, o.target, o.offer_id)):
         why = _skip_reason(job, offer, refused, failed, spend)
-        if why:
+        if why is not None:
             plan.skipped.append((offer, why))
         elif len(plan.candidates) < MAX_CANDIDATES:
             plan.candidates.append(offer)
@@ -154,25 +166,25 @@ def _skip_reason(
     refused: dict[tuple[str, str], str],
     failed: dict[tuple[str, str], int],
     spend: Decimal,
-) -> str:
+) -> Skip | None:
     misfit = offer_misfit(job.gpu, offer)
     if misfit:
-        return f"does not fit: {misfit}"
+        return Skip("does not fit", f": {misfit}")
     if not offer.available:
-        return "no capacity now"
+        return Skip("no capacity now")
     cap = job.max_price_per_hour
     if cap is not None and costs.money(offer.price_per_hour) > cap:
-        return f"over the job's max_price_per_hour of ${cap:.2f}/h"
+        return Skip(f"over the job's max_price_per_hour of ${cap:.2f}/h")
     over = costs.over_ceiling(
         ceiling=job.project.max_spend_per_hour, spend=spend, price=offer.price_per_hour
     )
     if over:
-        return over
+        return Skip(over)
     for key in ((offer.target, f"m:{offer.machine_id}"), (offer.target, f"o:{offer.offer_id}")):
         if key in failed:
-            return f"its machine failed attempt {failed[key]} of this job"
+            return Skip(f"its machine failed attempt {failed[key]} of this job")
     why = refused.get((offer.target, offer.offer_id))
-    return f"refused lately ({why})" if why else ""
+    return Skip("refused lately", f" ({why})") if why else None
 
 
 def _failed_machines(job: TrainingJob) -> dict[tuple[str, str], int]:
@@ -190,7 +202,7 @@ def _failed_machines(job: TrainingJob) -> dict[tuple[str, str], int]:
 
 def _place_on_idle_node(job: TrainingJob) -> bool:
     for node in GpuNode.objects.filter(status=GpuNode.Status.IDLE).order_by("name"):
-        if placement.misfit(job.gpu, job.node_selector, node) is None and dispatch.place_on_node(
+        if gpu_needs.misfit(job.gpu, job.node_selector, node) is None and dispatch.place_on_node(
             job, node
         ):
             return True
@@ -199,7 +211,7 @@ def _place_on_idle_node(job: TrainingJob) -> bool:
 
 def _waiting_reason(job: TrainingJob, plan: Plan) -> str:
     """Why nothing takes the job, grouped so it changes only when the situation does."""
-    groups = Counter(why.split(":")[0].split(" (")[0] for _, why in plan.skipped)
+    groups = Counter(why.group for _, why in plan.skipped)
     parts = [*plan.unusable, *(f"{n} offer(s) {why}" for why, n in groups.most_common())]
     if not parts:
         parts = ["no offer lists a machine for these GPU needs"]
@@ -208,4 +220,4 @@ def _waiting_reason(job: TrainingJob, plan: Plan) -> str:
         if job.target == registry.AUTO_TARGET
         else "No offer"
     )
-    return f"{head} can take this job now: {'; '.join(parts)}."[:1000]
+    return f"{head} can take this job now: {'; '.join(parts)}."
