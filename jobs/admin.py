@@ -54,7 +54,7 @@ class ReadOnlyInline(admin.TabularInline):
     def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> tuple[str, ...]:
         # Without this the inline's form is built over every listed field, and a non-editable
         # one (JobEvent.created_at) makes the job's change page fail with a FieldError.
-        return tuple(self.fields or ())
+        return tuple(str(f) for f in self.fields or ())
 
 
 class AttemptInline(ReadOnlyInline):

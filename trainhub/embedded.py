@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 LOCAL_REDIS = ("127.0.0.1", 6379)
 
 
-def _read_or_create(path: Path, make: callable) -> str:  # type: ignore[valid-type]
+def _read_or_create(path: Path, make: Callable[[], str]) -> str:
     if path.exists():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "organization_id": j.project.slug,
         "status": j.status,
         "training_file": j.training_file.public_id,
-        "validation_file": j.validation_file.public_id if j.validation_file_id else None,
+        "validation_file": j.validation_file.public_id if j.validation_file else None,
         "method": {"type": "supervised"},
         "adapter": j.adapter,
         "hyperparameters": j.hyperparameters,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpResponseBase
@@ -16,7 +17,7 @@ from rest_framework.views import APIView
 
 from jobs import selectors, storage
 from jobs.api import presenters as p
-from jobs.api.auth import request_project
+from jobs.api.auth import request_project, request_user
 from jobs.errors import InvalidRequest, Unavailable
 from jobs.services import files as file_services
 from jobs.services import jobs as job_services
@@ -64,6 +65,11 @@ def _nul_at(data: dict) -> str | None:
     return None
 
 
+def _form_field(request: Request, name: str, default: str) -> object:
+    data = request.data
+    return data.get(name, default) if isinstance(data, Mapping) else default
+
+
 def _body(request: Request) -> dict:
     if not isinstance(request.data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
@@ -96,10 +102,10 @@ class FileListView(APIView):
             )
         record = file_services.file_create(
             project=request_project(request),
-            user=request.user,
+            user=request_user(request),
             filename=upload.name or "upload.jsonl",
             chunks=upload.chunks(storage.CHUNK_BYTES),
-            purpose=request.data.get("purpose", "fine-tune"),
+            purpose=_form_field(request, "purpose", "fine-tune"),
         )
         return Response(p.file_json(record), status=status.HTTP_201_CREATED)
 
@@ -145,7 +151,7 @@ class JobListView(APIView):
     def post(self, request: Request) -> Response:
         job, created = job_services.job_create(
             project=request_project(request),
-            user=request.user,
+            user=request_user(request),
             data=_body(request),
             idempotency_key=request.headers.get("Idempotency-Key"),
         )

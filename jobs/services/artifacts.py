@@ -30,9 +30,11 @@ def artifact_ingest(*, attempt_pk: int, reported_sha256: str = "") -> Artifact |
         if reported_sha256 and verified.sha256 != reported_sha256:
             raise BundleError("the bundle's sha256 differs from the one the executor reported")
     except FileNotFoundError:
-        return _corrupt(attempt, "the executor reported success but no bundle was uploaded")
+        _corrupt(attempt, "the executor reported success but no bundle was uploaded")
+        return None
     except BundleError as exc:
-        return _corrupt(attempt, exc.message)
+        _corrupt(attempt, exc.message)
+        return None
     with transaction.atomic():
         artifact = Artifact.objects.create(
             job=job,

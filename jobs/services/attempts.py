@@ -210,10 +210,11 @@ def attempt_record_events(
 
 
 def _outcome(value: object) -> Outcome | None:
-    try:
+    """The reported status as an Outcome; None for one this control plane does not act on
+    (remote input)."""
+    if isinstance(value, str) and value in {o.value for o in Outcome}:
         return Outcome(value)
-    except ValueError:  # remote input: a status this control plane does not act on
-        return None
+    return None
 
 
 def apply_outcome(

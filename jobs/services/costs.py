@@ -31,9 +31,9 @@ def attempt_rate(attempt: JobAttempt) -> Decimal | None:
 
 def project_spend_per_hour(*, project_id: int, exclude_attempt: int | None = None) -> Decimal:
     """USD per hour of the project's live rented machines (launched or being launched)."""
-    live = JobAttempt.objects.filter(job__project_id=project_id, ended_at__isnull=True).exclude(
-        pk=exclude_attempt
-    )
+    live = JobAttempt.objects.filter(job__project_id=project_id, ended_at__isnull=True)
+    if exclude_attempt is not None:
+        live = live.exclude(pk=exclude_attempt)
     rates = (attempt_rate(a) for a in live.only("billed_rate_per_hour", "offer"))
     return sum((r for r in rates if r is not None), Decimal(0))
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -28,13 +28,13 @@ S = TrainingFile.Status
 def file_create(
     *,
     project: Project,
-    user: AbstractBaseUser | None,
+    user: User | None,
     filename: str,
     chunks: Iterable[bytes],
-    purpose: str = "fine-tune",
+    purpose: object = "fine-tune",  # request input, checked here
 ) -> TrainingFile:
     """Stream an upload into storage (hashing as it goes) and queue its validation."""
-    if purpose not in PURPOSES:
+    if not isinstance(purpose, str) or purpose not in PURPOSES:
         raise InvalidRequest(
             f"purpose must be one of: {', '.join(PURPOSES)} (got {purpose!r}).",
             code="invalid_value",

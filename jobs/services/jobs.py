@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from gpu_worker import spec
@@ -147,7 +147,7 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(suffix, str) or len(suffix) > 64:
         raise _param_error("suffix must be a string of at most 64 characters.", "suffix")
     validation_id = data.get("validation_file")
-    parsed = {
+    parsed: dict[str, Any] = {
         "model": model,
         "adapter": spec_to_json(adapter),
         "hyperparameters": spec_to_json(hyper),
@@ -193,7 +193,7 @@ def _request_hash(data: Mapping[str, Any]) -> str:
 def job_create(
     *,
     project: Project,
-    user: AbstractBaseUser | None,
+    user: User | None,
     data: Mapping[str, Any],
     idempotency_key: str | None = None,
 ) -> tuple[TrainingJob, bool]:

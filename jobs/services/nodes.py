@@ -50,7 +50,7 @@ def node_get(*, name: str) -> GpuNode:
     return node
 
 
-def node_create(*, name: str, actor: str = "") -> tuple[GpuNode, str]:
+def node_create(*, name: object, actor: str = "") -> tuple[GpuNode, str]:
     """Create a node and return it with its token, which is never retrievable again."""
     if not isinstance(name, str) or not _NODE_NAME.match(name):
         raise InvalidRequest(
@@ -129,16 +129,22 @@ def _int(value: object) -> int:
         return 0
 
 
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _clean_report(report: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a node's registration we keep, with types enforced (it is remote input)."""
-    caps = report.get("capabilities") if isinstance(report.get("capabilities"), Mapping) else {}
-    raw_gpus = caps.get("gpus") if isinstance(caps.get("gpus"), list) else []
+    caps = _mapping(report.get("capabilities"))
+    raw_gpus = caps.get("gpus")
+    if not isinstance(raw_gpus, list):
+        raw_gpus = []
     gpus = [
         {"name": str(g.get("name", ""))[:100], "vram_mb": _int(g.get("vram_mb"))}
         for g in raw_gpus[:64]
         if isinstance(g, Mapping)
     ]
-    labels = report.get("labels") if isinstance(report.get("labels"), Mapping) else {}
+    labels = _mapping(report.get("labels"))
     return {
         "capabilities": {
             "gpu_count": len(gpus),

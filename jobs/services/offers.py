@@ -38,6 +38,10 @@ REFUSED_TTL_SECONDS = 600
 _PREFIX = "trainhub:offers"
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _account(secrets: Mapping[str, str]) -> str:
     """Which provider account calls with ``secrets`` go to, as a hash (the cache is per
     account: two projects sharing the operator's key see the same offers)."""
@@ -78,7 +82,7 @@ def refused_reasons(offers: list[Offer]) -> dict[tuple[str, str], str]:
         return {}
     keys = [_offer_key(o) for o in offers]
     values = redis_client().mget([f"{_PREFIX}:refused:{t}:{i}" for t, i in keys])
-    return {k: v.decode() for k, v in zip(keys, values, strict=True) if v is not None}
+    return {k: _text(v) for k, v in zip(keys, values, strict=True) if v is not None}
 
 
 def _offer_key(offer: Offer | Mapping[str, Any]) -> tuple[str, str]:
@@ -97,7 +101,7 @@ def credential_check(*, project: Project, target: registry.Target) -> str | None
     key = f"{_PREFIX}:verified:{target.name}:{_account(secrets)}"
     cached = redis_client().get(key)
     if cached is not None:
-        return cached.decode()
+        return _text(cached)
     try:
         adapter_for(target, project, secrets).list_instances()
         verdict = ""

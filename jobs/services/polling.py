@@ -66,8 +66,10 @@ def attempts_poll_target(*, target: str) -> int:
     cycle = now - timedelta(seconds=1)
     for attempts in by_project.values():
         adapter = _adapter_or_end(entry, attempts)
+        if adapter is None:
+            continue
         # In chunks, so a state is applied a moment after its answer, not after the whole batch.
-        for start in range(0, len(attempts) if adapter else 0, POLL_CHUNK):
+        for start in range(0, len(attempts), POLL_CHUNK):
             _poll(entry, adapter, attempts[start : start + POLL_CHUNK], cycle)
     return len(due)
 

@@ -8,7 +8,7 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
@@ -24,7 +24,7 @@ _PREFIX_CHARS = 12  # th- + 9 random chars: the public, indexed part of a key
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # bounds writes from hot keys
 
 
-def project_create(*, name: str, owner: AbstractBaseUser, default: bool = False) -> Project:
+def project_create(*, name: str, owner: User, default: bool = False) -> Project:
     base = slugify(name)[:80] or "project"
     slug, n = base, 1
     while Project.objects.filter(slug=slug).exists():
@@ -40,7 +40,7 @@ def project_create(*, name: str, owner: AbstractBaseUser, default: bool = False)
     return project
 
 
-def project_default_for_user(*, user: AbstractBaseUser) -> Project:
+def project_default_for_user(*, user: User) -> Project:
     """The user's default project, created on first use."""
     membership = (
         ProjectMembership.objects.select_related("project")
@@ -55,7 +55,7 @@ def project_default_for_user(*, user: AbstractBaseUser) -> Project:
         return ProjectMembership.objects.get(user=user, is_default=True).project
 
 
-def project_member_add(*, project: Project, user: AbstractBaseUser, role: str = "member") -> None:
+def project_member_add(*, project: Project, user: User, role: str = "member") -> None:
     ProjectMembership.objects.get_or_create(project=project, user=user, defaults={"role": role})
 
 
@@ -63,9 +63,7 @@ def _hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def api_key_create(
-    *, user: AbstractBaseUser, name: str, project: Project | None = None
-) -> tuple[ApiKey, str]:
+def api_key_create(*, user: User, name: str, project: Project | None = None) -> tuple[ApiKey, str]:
     """Create a key and return it with its raw value, which is never retrievable again."""
     project = project or project_default_for_user(user=user)
     if not ProjectMembership.objects.filter(project=project, user=user).exists():

@@ -32,7 +32,9 @@ def credential_source(*, project: Project, kind: str) -> str | None:
     """'project', 'operator' or None: whose key ``provider_secrets`` would return."""
     if project.credentials.filter(provider=kind).exists():
         return "project"
-    if kind in project.operator_credential_providers and settings.TRAINHUB_OPERATOR_API_KEYS.get(kind):
+    if kind in project.operator_credential_providers and settings.TRAINHUB_OPERATOR_API_KEYS.get(
+        kind
+    ):
         return "operator"
     return None
 

@@ -76,8 +76,8 @@ class Backend(Protocol):
         """Store the chunks at ``key``; TooLarge / HashMismatch leave ``key`` as it was."""
         ...
 
-    def read_chunks(self, key: str, *, start: int = 0) -> Iterator[bytes]:
-        """The object from byte ``start`` on, in chunks; ObjectMissing if there is none."""
+    def read_chunks(self, key: str) -> Iterator[bytes]:
+        """The object, in chunks; ObjectMissing if there is none."""
         ...
 
     def size(self, key: str) -> int:
