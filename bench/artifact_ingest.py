@@ -154,7 +154,7 @@ def main() -> int:
                 storage.save_stream(KEY, file_chunks(bundle))
                 took, grew = measure_ingest(args.repeat, sha)
             else:
-                from tests._processes import moto_s3_server
+                from devsupport.processes import moto_s3_server
 
                 for name, value in (
                     ("AWS_ACCESS_KEY_ID", "bench"),

@@ -84,7 +84,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from tests._processes import sshd_server
+    from devsupport.processes import sshd_server
 
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
@@ -107,7 +107,7 @@ def _isolated_storage(settings, tmp_path: Path) -> None:
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real S3 HTTP API on loopback (moto's server, one process per session)."""
-    from tests._processes import moto_s3_server
+    from devsupport.processes import moto_s3_server
 
     with pytest.MonkeyPatch.context() as mp:
         # boto3's credential chain stops at the environment: no config files, no metadata service.

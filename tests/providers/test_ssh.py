@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from devsupport.processes import free_port
 from gpu_worker.datasets import DEMO_DATASET_PATH
 from gpu_worker.errors import EXIT_CANCELLED, EXIT_SUCCEEDED
 from providers.errors import PermanentProviderError, TransientProviderError
@@ -27,7 +28,6 @@ from providers.ssh import (
     fingerprint,
     generate_keypair,
 )
-from tests._processes import free_port
 from tests.conftest import SshServer
 from tests.gpu_worker.conftest import spec_dict, write_jsonl
 
