@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the PostgreSQL and Redis that the tests use answer on 127.0.0.1, starting them if
-# they are installed but down, and create the test database. Idempotent; one line per service.
+# they are installed but down, and create the test database; install openssh-server for the SSH
+# tests (as root; otherwise say how, and those tests are skipped). Idempotent; one line each.
 set -euo pipefail
 
 PG_HOST=127.0.0.1
@@ -74,4 +75,27 @@ if [ "$exists" = "1" ]; then
 else
     createdb -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" "$PG_DB"
     echo "postgresql: created database '$PG_DB'"
+fi
+
+# --- openssh-server (the SSH tests run a real sshd on loopback) ---------------------------------
+SSHD=/usr/sbin/sshd
+SSH_PACKAGE=openssh-server
+if [ -x "$SSHD" ]; then
+    echo "$SSH_PACKAGE: $SSHD present"
+elif [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "$SSH_PACKAGE: $SSHD missing, so the SSH tests will be skipped; install it: sudo apt-get install -y $SSH_PACKAGE"
+else
+    apt_log="$(mktemp -t trainhub-apt.XXXXXX.log)"
+    apt_install() {
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "$SSH_PACKAGE" >>"$apt_log" 2>&1
+    }
+    # Refresh the package lists only when they do not know the package or are too old to fetch it.
+    if ! apt-cache show "$SSH_PACKAGE" >/dev/null 2>&1 || ! apt_install; then
+        apt-get update -qq >>"$apt_log" 2>&1 && apt_install \
+            || { tail -n 30 "$apt_log" >&2; die "installing $SSH_PACKAGE failed (log above, in full: $apt_log)"; }
+    fi
+    [ -x "$SSHD" ] || die "$SSH_PACKAGE installed but $SSHD is missing (apt log: $apt_log)"
+    rm -f "$apt_log"
+    echo "$SSH_PACKAGE: installed ($SSHD)"
 fi

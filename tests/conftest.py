@@ -80,12 +80,17 @@ class SshServer:
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     """A real OpenSSH server on 127.0.0.1 (one per session) with a throwaway host key, accepting
-    one client key generated for this session; logs in as root (tests run as root)."""
+    one client key generated for this session; logs in as root (tests run as root).
+
+    Without openssh-server installed, the tests that use it are skipped, saying how to install
+    it (`make services` installs it when run as root)."""
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from devsupport.processes import sshd_server
+    from devsupport.processes import sshd_missing_reason, sshd_server
 
+    if missing := sshd_missing_reason():
+        pytest.skip(missing)
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(
         ser.Encoding.PEM, ser.PrivateFormat.OpenSSH, ser.NoEncryption()
