@@ -20,7 +20,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,12 @@ import psycopg
 import requests
 from psycopg import sql
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: devsupport, trainhub
+from devsupport.processes import free_port
+from devsupport.readiness import NotReady, wait_http_ready
+
 ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 90.0  # gunicorn importing Django on a busy 2-core machine
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/trainhub_bench"
 GOAL_P95_MS = 50.0
 PROJECT_SLUG = "bench"
@@ -387,12 +391,6 @@ def seed_create(url: str, n_jobs: int, n_events: int) -> Seed:
 # --- measurement ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def percentile(sorted_ms: list[float], p: float) -> float:
     """Nearest-rank percentile."""
     return sorted_ms[max(0, math.ceil(p / 100 * len(sorted_ms)) - 1)]
@@ -501,17 +499,13 @@ def gunicorn_start(url: str, port: int, workers: int, log: Path) -> subprocess.P
 
 
 def wait_ready(proc: subprocess.Popen[bytes], http: requests.Session, base: str, log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"gunicorn exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            if http.get(f"{base}/api/v1/jobs/?limit=1", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"gunicorn did not answer within 30s:\n{log.read_text()[-2000:]}")
+    """Until gunicorn serves the jobs list (200 with the bench key); exits saying why if not."""
+    try:
+        wait_http_ready(
+            f"{base}/api/v1/jobs/?limit=1", timeout=READY_TIMEOUT, session=http, proc=proc, log=log
+        )
+    except NotReady as exc:
+        raise SystemExit(f"gunicorn is not serving: {exc}") from None
 
 
 def measure(http: requests.Session, base: str, sc: Scenario, n: int, warmup: int) -> list[float]:
@@ -551,7 +545,6 @@ def main() -> int:
     database_create(url, drop=args.reseed)
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainhub.settings")
-    sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()

@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,11 @@ from urllib.parse import urlsplit
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: devsupport, trainhub
 from _common import bench_database_url, database_recreate, machine
+
+from devsupport.processes import free_port
+from devsupport.readiness import NotReady, wait_http_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "trainhub_dispatch_bench"
@@ -111,12 +114,6 @@ class Proc:
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, procs: list[Proc]) -> Any:
@@ -236,7 +233,6 @@ class Bench:
             cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
-        sys.path.insert(0, str(ROOT))
         import django
 
         django.setup()
@@ -289,12 +285,13 @@ class Bench:
         ))  # fmt: skip
         self.http.headers["Authorization"] = f"Bearer {raw_key}"
 
-        def web_ready() -> bool:
-            with contextlib.suppress(requests.RequestException):
-                return self.http.get(f"{self.base}/api/v1/jobs/?limit=1", timeout=2).ok
-            return False
-
-        wait_for("gunicorn to answer", web_ready, 60, self.procs)
+        try:
+            wait_http_ready(
+                f"{self.base}/api/v1/jobs/?limit=1", timeout=90, session=self.http,
+                check=lambda: [p.check() for p in self.procs], log=self.tmp / "gunicorn.log",
+            )  # fmt: skip
+        except NotReady as exc:
+            raise BenchError(f"gunicorn is not serving: {exc}") from None
         wait_for("the node to register and be idle", self.node_idle, 90, self.procs)
         with DATASET.open("rb") as fh:
             resp = self.http.post(
@@ -308,7 +305,10 @@ class Bench:
         self.training_file = resp.json()["id"]
 
         def processed() -> bool:
-            got = self.http.get(f"{self.base}/api/v1/files/{self.training_file}/", timeout=10)
+            try:
+                got = self.http.get(f"{self.base}/api/v1/files/{self.training_file}/", timeout=10)
+            except requests.RequestException:
+                return False  # a slow answer on a busy machine: ask again until the deadline
             status = got.json().get("status")
             if status == "error":
                 raise BenchError(f"the dataset failed validation: {got.text[:500]}")

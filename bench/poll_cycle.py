@@ -1,6 +1,6 @@
 """RunPod serverless poll cycle: 5,000 live jobs against a fake RunPod on loopback.
 
-Runs the poller under test, ``jobs.services.cloud.attempts_poll_target("runpod-serverless")``
+Runs the poller under test, ``jobs.services.polling.attempts_poll_target("runpod-serverless")``
 (the whole body of the Celery task that beat starts every 10 s), in this process, against the
 fake RunPod (``tests/fakes/runpod_api.py``) started as a separate process: 50 ms per call and
 RunPod's documented limit of 2,000 status calls per 10 s, enforced with 429 + Retry-After.
@@ -50,6 +50,7 @@ import math
 import os
 import random
 import resource
+import select
 import shutil
 import signal
 import statistics
@@ -72,18 +73,22 @@ import redis
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: devsupport, trainhub
 from _common import bench_database_url, database_recreate
 from _common import machine as common_machine
+
+from devsupport.readiness import NotReady, wait_http_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "trainhub_poll_bench"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/5"
+FAKE_START_TIMEOUT = 60.0
 TARGET = "runpod-serverless"
 ENDPOINT = "bench-ep"
 API_KEY = "rp-test-key"  # the fake's
 SECRET_KEY = "trainhub-poll-bench-not-a-secret-" + "x" * 24
 POLLER_FILES = (
-    "jobs/services/cloud.py",
+    "jobs/services/polling.py",
     "jobs/services/attempts.py",
     "providers/runpod_serverless.py",
     "providers/http.py",
@@ -178,13 +183,27 @@ class Fake:
                  "--latency", str(latency), "--rate-limit", "run=1000000/10"],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err, start_new_session=True, text=True,
             )  # fmt: skip
-        line = self.popen.stdout.readline().strip() if self.popen.stdout else ""
+        # It prints its URL once listening; a busy machine may take a while to import it.
+        out = self.popen.stdout
+        printed = out is not None and select.select([out], [], [], FAKE_START_TIMEOUT)[0]
+        line = out.readline().strip() if out is not None and printed else ""
         if not line.startswith("http"):
             self.stop()
-            raise BenchError(f"the fake RunPod did not start: {line!r}\n{self.tail()}")
+            raise BenchError(
+                f"the fake RunPod printed no URL within {FAKE_START_TIMEOUT:.0f} s "
+                f"(got {line!r}); log {log}:\n{self.tail()}"
+            )
         self.url = line
         self.control = line.removesuffix("/v2") + "/_fake"
         self.http = requests.Session()
+        try:
+            wait_http_ready(
+                f"{self.control}/stats", timeout=FAKE_START_TIMEOUT, session=self.http,
+                proc=self.popen, log=log,
+            )  # fmt: skip
+        except NotReady as exc:
+            self.stop()
+            raise BenchError(f"the fake RunPod is not serving: {exc}") from None
 
     def get(self, route: str) -> Any:
         resp = self.http.get(f"{self.control}/{route}", timeout=120)
@@ -327,7 +346,7 @@ def run_poller(
 ) -> tuple[list[Cycle], Timing]:
     """Beat's schedule: a cycle at start, start + interval, ...; one that overruns its tick
     delays the next, which starts right after it. No cycle starts after start + duration."""
-    from jobs.services.cloud import attempts_poll_target
+    from jobs.services.polling import attempts_poll_target
 
     timing = Timing()
     instrument_poll(timing)
