@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUFF := $(VENV)/bin/ruff
 STAMP := $(VENV)/.installed-dev
+PIP_LOG := $(VENV)/pip-install.log
 # gpu.txt is never installed here (CUDA-only), so editing it must not trigger a reinstall.
 REQUIREMENTS := $(filter-out requirements/gpu.txt,$(wildcard requirements/*.txt))
 
@@ -26,11 +27,13 @@ help: ## list the targets
 	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=..."
 
 $(PY):
-	$(PYTHON3) -m venv $(VENV)
+	@echo "creating $(VENV) with $(PYTHON3)"
+	@$(PYTHON3) -m venv $(VENV)
 
-# Re-runs pip whenever a requirements file is newer than the last successful install.
+# Re-runs pip whenever a requirements file is newer than the last successful install. Quiet:
+# pip's output goes to $(PIP_LOG) and is printed only if it fails.
 $(STAMP): $(REQUIREMENTS) | $(PY)
-	$(PY) -m pip install --disable-pip-version-check -q -r requirements/dev.txt
+	@bash scripts/install_requirements.sh $(PY) requirements/dev.txt $(PIP_LOG)
 	@touch $@
 
 venv: $(STAMP) ## create .venv and install requirements/dev.txt (only when they changed)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install a requirements file into the project's virtualenv, quietly: one line says what is being
+# installed, pip's whole output goes to a log file, and only a failure prints it (its tail, less
+# the machine's pip-config warnings that fill most of it) and exits non-zero.
+set -euo pipefail
+
+usage="usage: install_requirements.sh VENV_PYTHON REQUIREMENTS_FILE LOG_FILE"
+python="${1:?$usage}"
+requirements="${2:?$usage}"
+log="${3:?$usage}"
+
+echo "pip: installing $requirements into $(dirname "$(dirname "$python")") (minutes on first use; log: $log)"
+if ! "$python" -m pip install --disable-pip-version-check --no-input -r "$requirements" \
+    >"$log" 2>&1; then
+    echo "pip: installing $requirements failed; the end of its output (in full: $log):" >&2
+    # A find-links / extra-index folder that lacks a package warns once per package: noise here.
+    grep -v "is ignored: it is neither a file nor a directory" "$log" | tail -n 60 >&2
+    exit 1
+fi
