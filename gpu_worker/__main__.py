@@ -6,7 +6,7 @@
 
 ``run`` trains one attempt (gpu_worker.train.run), reporting through the sinks the spec's
 ``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
-3 cancelled, 4 timeout (gpu_worker.errors). The last stdout line is a JSON summary
+3 cancelled, 4 timeout (gpu_worker.outcomes.ExitCode). The last stdout line is a JSON summary
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
 
 Stopping: SIGTERM or SIGINT, or the appearance of ``--cancel-file``, stops training within one
@@ -27,7 +27,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from gpu_worker.errors import EXIT_USAGE, Cancelled
+from gpu_worker.errors import Cancelled
+from gpu_worker.outcomes import ExitCode
 
 log = logging.getLogger("gpu_worker")
 
@@ -98,7 +99,7 @@ class _StopFlag:
 def _run(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec)
     if spec is None:
-        return EXIT_USAGE
+        return ExitCode.USAGE
     # Before transformers/peft are imported anywhere in this process (Unsloth must come first).
     from gpu_worker import backends
 
@@ -110,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         reporter = Reporter.from_spec(spec)
     except ValueError as exc:
         print(f"error: invalid report settings in the job spec: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
 
     flag = _StopFlag(args.cancel_file)
     previous = {sig: signal.signal(sig, flag.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -140,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     summary = {
-        "status": result.status,
+        "status": result.status.value,
         "reason": result.reason,
         "message": result.message,
         "sha256": result.bundle_sha256,

@@ -1,22 +1,15 @@
-"""Typed executor failures and the process exit codes.
+"""Typed executor failures, and the exit code a run's outcome gives the process.
 
 Reasons are the string values of ``jobs.states.EndReason`` (the control plane's enum; this
 package cannot import Django code, so the values are repeated here and a test keeps them in
 step). A failed ``status`` event carries the reason as ``data.code``.
 
-Exit codes of ``python -m gpu_worker run`` (what a supervisor such as the GPU node's Celery task
-or an SSH wrapper reads when it cannot see the events):
-
-=====  ==========================================================================
-0      succeeded: the bundle was uploaded and reported
-1      failed: any reason except timeout (the reason is in the last status event)
-2      usage error (bad command line or unreadable/invalid spec file; argparse's own code)
-3      cancelled: SIGTERM/SIGINT or the cancel file; nothing left behind
-4      timeout: max_runtime_seconds ran out
-=====  ==========================================================================
+Outcomes and exit codes by name: ``gpu_worker.outcomes``.
 """
 
 from __future__ import annotations
+
+from gpu_worker.outcomes import ExitCode, Outcome
 
 INVALID_DATASET = "invalid_dataset"
 INVALID_MODEL = "invalid_model"
@@ -30,12 +23,6 @@ CANCELLED = "cancelled"
 REASONS = frozenset(
     {INVALID_DATASET, INVALID_MODEL, OOM, TIMEOUT, DOWNLOAD_FAILED, UPLOAD_FAILED, INTERNAL_ERROR}
 )
-
-EXIT_SUCCEEDED = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CANCELLED = 3
-EXIT_TIMEOUT = 4
 
 
 class ExecutorError(Exception):
@@ -59,10 +46,10 @@ class Cancelled(BaseException):
     swallow it when a second SIGTERM raises it from the signal handler."""
 
 
-def exit_code(status: str, reason: str = "") -> int:
-    """The process exit code for a run result."""
-    if status == "succeeded":
-        return EXIT_SUCCEEDED
-    if status == "cancelled":
-        return EXIT_CANCELLED
-    return EXIT_TIMEOUT if reason == TIMEOUT else EXIT_FAILED
+def exit_code(outcome: Outcome, reason: str = "") -> ExitCode:
+    """The process exit code for a run's outcome (a timeout is a failure with its own code)."""
+    if outcome is Outcome.SUCCEEDED:
+        return ExitCode.SUCCEEDED
+    if outcome is Outcome.CANCELLED:
+        return ExitCode.CANCELLED
+    return ExitCode.TIMEOUT if reason == TIMEOUT else ExitCode.FAILED

@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gpu_worker import celery_conf
+from gpu_worker.outcomes import Outcome
 from gpu_worker.sinks import CelerySink, JsonlSink, MemorySink, RunpodSink, Sink
 
 if TYPE_CHECKING:
@@ -263,10 +264,10 @@ class Reporter:
 
     # --- events -----------------------------------------------------------------------------
 
-    def status(self, status: str, message: str = "", **data: Any) -> None:
-        """A status report (``running``, ``succeeded`` with ``sha256``, ``failed`` with
-        ``code``, ``cancelled``); sent at once."""
-        self._emit("status", message, {"status": status, **data}, "info")
+    def status(self, status: Outcome, message: str = "", **data: Any) -> None:
+        """A status report (running, succeeded with ``sha256``, failed with ``code``,
+        cancelled); sent at once. The wire carries the plain string value."""
+        self._emit("status", message, {"status": Outcome(status).value, **data}, "info")
 
     def error(self, code: str, message: str, **data: Any) -> None:
         """A failure with its typed reason (an EndReason value such as ``oom``); sent at once."""

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.errors import CANCELLED, INTERNAL_ERROR
+from gpu_worker.outcomes import Outcome
 from gpu_worker.report import Reporter, RunpodSink
 from gpu_worker.spec import JobSpec, SpecError, parse_job_spec
 
@@ -43,11 +45,11 @@ async def handler(job: dict[str, Any]) -> dict[str, Any]:
     try:
         spec = parse_job_spec(job.get("input"))
     except SpecError as err:
-        return {"error": f"internal_error: invalid job spec: {err.message}"}
+        return {"error": f"{INTERNAL_ERROR}: invalid job spec: {err.message}"}
     try:
         reporter = Reporter.from_spec(spec, runpod_job=job)
     except ValueError as err:
-        return {"error": f"internal_error: invalid report settings: {err}"}
+        return {"error": f"{INTERNAL_ERROR}: invalid report settings: {err}"}
 
     stop = threading.Event()
     work = asyncio.ensure_future(asyncio.to_thread(run_attempt, spec, reporter, stop.is_set))
@@ -82,13 +84,13 @@ def run_attempt(
                 # still reported as a string error so the job does not look COMPLETED.
                 log.exception("training crashed")
                 message = f"{type(err).__name__}: {err}"
-                reporter.error("internal_error", message)
-                return {"error": f"internal_error: {message}", "refresh_worker": True}
+                reporter.error(INTERNAL_ERROR, message)
+                return {"error": f"{INTERNAL_ERROR}: {message}", "refresh_worker": True}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if result.status == "succeeded":
+    if result.status is Outcome.SUCCEEDED:
         return {
-            "status": "succeeded",
+            "status": Outcome.SUCCEEDED.value,
             "sha256": result.bundle_sha256,
             "size": result.bundle_size,
             "manifest": result.manifest,
@@ -96,7 +98,7 @@ def run_attempt(
             "events": _events_window(reporter),
             "refresh_worker": True,
         }
-    reason = result.reason or ("cancelled" if result.status == "cancelled" else "internal_error")
+    reason = result.reason or (CANCELLED if result.status is Outcome.CANCELLED else INTERNAL_ERROR)
     return {"error": f"{reason}: {result.message}", "refresh_worker": True}
 
 

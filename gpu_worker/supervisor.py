@@ -29,8 +29,9 @@ from typing import Any
 
 import requests
 
-from gpu_worker.errors import EXIT_CANCELLED, EXIT_FAILED, EXIT_SUCCEEDED, EXIT_TIMEOUT
+from gpu_worker.errors import INTERNAL_ERROR
 from gpu_worker.node import NodeConfig
+from gpu_worker.outcomes import ExitCode, Outcome
 from gpu_worker.sinks import CelerySink
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 # control plane's (attempt, seq) key never confuses the two.
 SUPERVISOR_SEQ = 2_000_000_000
 CLAIM_TRIES = 3
-_REPORTED_EXITS = (EXIT_SUCCEEDED, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -109,7 +109,7 @@ def run(message: dict[str, Any], node: NodeConfig) -> str:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         cancel_file.unlink(missing_ok=True)
-    if code not in _REPORTED_EXITS:
+    if code not in ExitCode.reported():
         _report_death(node, job_id, attempt, code, signalled)
     log.info("attempt %s of %s ended: exit %s", attempt, job_id, code)
     return f"exit {code}"
@@ -147,13 +147,13 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 def _report_death(node: NodeConfig, job_id: str, attempt: int, code: int, signalled: bool) -> None:
     """The executor ended without its final status (stopped by us, crashed, unusable spec)."""
     if signalled:
-        data = {"status": "cancelled"}
+        data = {"status": Outcome.CANCELLED.value}
         message = f"The executor was stopped by a signal after the cancel (exit {code})."
-    elif code == 2:  # the control plane built a spec the executor refused: a bug, not a retry
-        data = {"status": "failed", "code": "internal_error"}
+    elif code == ExitCode.USAGE:  # the control plane built a spec the executor refused: a bug
+        data = {"status": Outcome.FAILED.value, "code": INTERNAL_ERROR}
         message = "The executor refused the job spec (exit 2); see the node's log."
     else:
-        data = {"status": "failed", "code": "worker_lost"}
+        data = {"status": Outcome.FAILED.value, "code": "worker_lost"}
         message = f"The executor died without reporting (exit {code}); the job will be retried."
     event = {"seq": SUPERVISOR_SEQ, "type": "status", "level": "error", "message": message,
              "data": data, "ts": time.time()}  # fmt: skip

@@ -46,6 +46,7 @@ from gpu_worker.formatting import (
     FormatStats,
     encode_examples,
 )
+from gpu_worker.outcomes import ExitCode, Outcome
 from gpu_worker.trainer import StopGuard, build_trainer, rate, to_float, train_with_oom_hint
 
 if TYPE_CHECKING:
@@ -65,12 +66,12 @@ DEFAULT_CHECKPOINT_EVERY_SECONDS = 900.0
 class RunResult:
     """How an attempt ended.
 
-    ``status``: succeeded | failed | cancelled. ``reason``: an EndReason value (``oom``,
+    ``status``: succeeded, failed or cancelled. ``reason``: an EndReason value (``oom``,
     ``timeout``, ``cancelled``...; "" on success). For a success, the bundle's sha256, size and
     manifest (``{"format", "files": [{path, size, sha256}]}``), and the metrics (metrics.json).
     """
 
-    status: str
+    status: Outcome
     reason: str = ""
     message: str = ""
     bundle_sha256: str = ""
@@ -79,7 +80,7 @@ class RunResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         return exit_code(self.status, self.reason)
 
 
@@ -116,30 +117,30 @@ def run(
             every_seconds=checkpoint_every_seconds,
         )
     except Cancelled as exc:
-        result = RunResult("cancelled", CANCELLED, str(exc) or "Cancelled.")
+        result = RunResult(Outcome.CANCELLED, CANCELLED, str(exc) or "Cancelled.")
     except ExecutorError as exc:
-        result = RunResult("failed", exc.reason, exc.message)
+        result = RunResult(Outcome.FAILED, exc.reason, exc.message)
     except Exception as exc:
         if backends.is_oom(exc):
-            result = RunResult("failed", OOM, f"out of memory: {exc}")
+            result = RunResult(Outcome.FAILED, OOM, f"out of memory: {exc}")
         else:
             log.exception("executor crashed")
             reporter.log(traceback.format_exc()[-3500:], level="error")
-            result = RunResult("failed", INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+            result = RunResult(Outcome.FAILED, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
-    if result.status == "succeeded":
+    if result.status is Outcome.SUCCEEDED:
         reporter.status(
-            "succeeded",
+            Outcome.SUCCEEDED,
             f"Training finished; adapter bundle uploaded ({result.bundle_size} bytes).",
             sha256=result.bundle_sha256,
             size=result.bundle_size,
         )
-    elif result.status == "cancelled":
-        reporter.status("cancelled", result.message)
+    elif result.status is Outcome.CANCELLED:
+        reporter.status(Outcome.CANCELLED, result.message)
     else:
-        reporter.status("failed", result.message, code=result.reason)
+        reporter.status(Outcome.FAILED, result.message, code=result.reason)
     reporter.flush()
     return result
 
@@ -218,7 +219,7 @@ def _run(
         ),
     )
     reporter.status(
-        "running",
+        Outcome.RUNNING,
         "Training started" + (f", resuming at step {resume_step}." if resume_dir else "."),
         resumed_from_step=resume_step,
     )
@@ -241,7 +242,7 @@ def _run(
     )
     reporter.artifact(manifest, sha256, size)
     return RunResult(
-        "succeeded",
+        Outcome.SUCCEEDED,
         "",
         "Training finished.",
         bundle_sha256=sha256,

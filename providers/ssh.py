@@ -274,7 +274,7 @@ class RemoteExecutor:
         return [e for e in events if isinstance(e, dict)], offset + end + 1
 
     def exit_code(self) -> int | None:
-        """The executor's exit code (gpu_worker.errors), None while it has not exited."""
+        """The executor's exit code (gpu_worker.outcomes.ExitCode), None while it has not exited."""
         data = self._read("exit_code")  # written by rename: complete when it exists
         return int(data) if data and data.strip().isdigit() else None
 

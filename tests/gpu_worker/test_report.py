@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpu_worker import celery_conf
+from gpu_worker.outcomes import Outcome
 from gpu_worker.report import (
     BATCH_SIZE,
     CelerySink,
@@ -87,7 +88,7 @@ def spec_with(report: dict[str, Any]) -> Any:
 def test_every_event_has_a_monotonic_seq_and_the_documented_shape() -> None:
     sink = MemorySink()
     rep = make_reporter(sink, metrics_interval=0)
-    rep.status("running", "Training started.")
+    rep.status(Outcome.RUNNING, "Training started.")
     rep.log("loading model", level="debug", path="/m")
     rep.metrics(step=1, total_steps=10, loss=2.5)
     rep.checkpoint(5, url_kind="slot")
@@ -130,7 +131,7 @@ def test_status_is_sent_at_once_logs_wait_for_a_batch_or_a_flush() -> None:
     rep.log("a")
     rep.log("b")
     assert sink.events == []
-    rep.status("running")
+    rep.status(Outcome.RUNNING)
     assert [e["message"] for e in sink.events] == ["a", "b", ""]
 
     for i in range(BATCH_SIZE - 1):
@@ -293,7 +294,7 @@ def test_a_failing_sink_gets_every_event_once_in_order_and_does_not_block_the_ot
     rep.flush()  # flaky fails (1)
     assert [e["message"] for e in healthy.events] == ["a"]
     rep.log("b")
-    rep.status("running")  # flaky fails (2); healthy gets it at once
+    rep.status(Outcome.RUNNING)  # flaky fails (2); healthy gets it at once
     assert [e["message"] for e in healthy.events] == ["a", "b", ""]
     assert flaky.events == []
     rep.log("c")
@@ -337,7 +338,7 @@ def test_close_gives_up_on_a_hanging_sink_within_its_timeout(caplog: Any) -> Non
 def test_close_retries_a_briefly_failing_sink_before_giving_up() -> None:
     flaky = FlakySink(failures=2)
     rep = make_reporter(flaky, close_timeout=3.0)
-    rep.status("succeeded", sha256="0" * 64)  # fails (1)
+    rep.status(Outcome.SUCCEEDED, sha256="0" * 64)  # fails (1)
     rep.close()  # fails (2), then delivers
     assert [e["type"] for e in flaky.events] == ["status"]
 
@@ -348,7 +349,7 @@ def test_close_retries_a_briefly_failing_sink_before_giving_up() -> None:
 def test_jsonl_sink_appends_parseable_lines_with_seq_and_attempt(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "events.jsonl"
     rep = make_reporter(JsonlSink(path), metrics_interval=0)
-    rep.status("running")
+    rep.status(Outcome.RUNNING)
     rep.metrics(step=1, loss=1.5)
     rep.log("hello\nworld")
     rep.close()
@@ -405,7 +406,7 @@ def test_celery_sink_publishes_record_events_to_the_real_broker(queue_name: str)
     import kombu
 
     rep = make_reporter(CelerySink(BROKER_URL, queue=queue_name), metrics_interval=0)
-    rep.status("running", "Training started.")
+    rep.status(Outcome.RUNNING, "Training started.")
     rep.metrics(step=1, loss=2.0)
     rep.close()
 
@@ -448,7 +449,7 @@ def test_a_dead_broker_raises_fast_and_the_events_stay_queued(queue_name: str) -
 
     healthy = MemorySink()
     rep = make_reporter(dead, healthy, close_timeout=0.5)
-    rep.status("running")
+    rep.status(Outcome.RUNNING)
     rep.log("x")
     started = time.monotonic()
     rep.flush()
@@ -466,8 +467,8 @@ def test_every_event_kind_is_accepted_by_the_control_plane() -> None:
 
     sink = MemorySink()
     rep = make_reporter(sink, metrics_interval=0)
-    rep.status("running", "Training started.")
-    rep.status("succeeded", "done", sha256="0" * 64)
+    rep.status(Outcome.RUNNING, "Training started.")
+    rep.status(Outcome.SUCCEEDED, "done", sha256="0" * 64)
     rep.log("text", level="warning", extra={"nested": [1, 2]})
     rep.metrics(step=1, total_steps=2, epoch=0.5, loss=1.0, lr=1e-4, tokens_per_second=10.0)
     rep.checkpoint(1)

@@ -26,6 +26,7 @@ from runpod.serverless.modules import rp_job
 
 import gpu_worker
 from gpu_worker.datasets import DEMO_DATASET_PATH
+from gpu_worker.outcomes import Outcome
 from gpu_worker.runpod_handler import handler
 
 SHA = "ab" * 32
@@ -66,7 +67,7 @@ def progress(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict[str, Any], dict
 
 @dataclass
 class FakeRunResult:
-    status: str
+    status: Outcome
     reason: str | None = None
     message: str = ""
     bundle_sha256: str | None = None
@@ -100,13 +101,17 @@ def fake_train(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[..., Any]]
 
 
 def succeeding_run(spec: Any, *, reporter: Any, workdir: Path, should_stop: Any) -> FakeRunResult:
-    reporter.status("running", "Training started.")
+    reporter.status(Outcome.RUNNING, "Training started.")
     reporter.metrics(step=1, total_steps=1, loss=1.0)
     manifest = {"files": [{"name": "adapter_model.safetensors", "size": 3, "sha256": "c" * 64}]}
     reporter.artifact(manifest, SHA, 10240)
-    reporter.status("succeeded", "Training finished.", sha256=SHA)
+    reporter.status(Outcome.SUCCEEDED, "Training finished.", sha256=SHA)
     return FakeRunResult(
-        "succeeded", bundle_sha256=SHA, bundle_size=10240, manifest=manifest, metrics={"loss": 1.0}
+        Outcome.SUCCEEDED,
+        bundle_sha256=SHA,
+        bundle_size=10240,
+        manifest=manifest,
+        metrics={"loss": 1.0},
     )
 
 
@@ -163,8 +168,8 @@ def test_a_failed_run_is_a_reason_prefixed_string(
     tmp_path: Path, progress: list, fake_train: Any
 ) -> None:
     def oom(spec: Any, *, reporter: Any, **_: Any) -> FakeRunResult:
-        reporter.status("failed", "Out of memory.", code="oom")
-        return FakeRunResult("failed", "oom", "Out of memory at batch_size 8; lower it.")
+        reporter.status(Outcome.FAILED, "Out of memory.", code="oom")
+        return FakeRunResult(Outcome.FAILED, "oom", "Out of memory at batch_size 8; lower it.")
 
     fake_train(oom)
     result = run_job(spec_input(tmp_path))
@@ -197,8 +202,8 @@ def test_a_cancelled_job_asks_run_to_stop_and_waits_for_it(
             assert time.monotonic() < deadline, "should_stop never became true"
             time.sleep(0.01)
         seen_stop.set()
-        reporter.status("cancelled", "Stopped on request.")
-        return FakeRunResult("cancelled", "cancelled", "Stopped on request.")
+        reporter.status(Outcome.CANCELLED, "Stopped on request.")
+        return FakeRunResult(Outcome.CANCELLED, "cancelled", "Stopped on request.")
 
     fake_train(slow)
 

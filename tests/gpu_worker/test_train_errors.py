@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpu_worker import errors, transfer
+from gpu_worker.outcomes import ExitCode, Outcome
 from gpu_worker.spec import parse_job_spec
 from tests.gpu_worker.conftest import spec_dict, write_jsonl
 
@@ -30,12 +31,31 @@ def test_reasons_are_the_control_planes_end_reasons() -> None:
     from jobs.states import EndReason
 
     assert {r.value for r in EndReason} >= errors.REASONS | {errors.CANCELLED}
-    assert errors.exit_code("succeeded") == 0
-    assert errors.exit_code("failed", errors.OOM) == 1
-    assert errors.exit_code("cancelled", errors.CANCELLED) == 3
-    assert errors.exit_code("failed", errors.TIMEOUT) == 4
+    assert errors.exit_code(Outcome.SUCCEEDED) == 0
+    assert errors.exit_code(Outcome.FAILED, errors.OOM) == 1
+    assert errors.exit_code(Outcome.CANCELLED, errors.CANCELLED) == 3
+    assert errors.exit_code(Outcome.FAILED, errors.TIMEOUT) == 4
     with pytest.raises(ValueError, match="unknown"):
         errors.ExecutorError("nope", "x")
+
+
+def test_outcomes_and_exit_codes_keep_their_wire_values() -> None:
+    """Status events carry the strings and wrappers read the ints: renaming a member is fine,
+    changing a value breaks every executor already deployed."""
+    assert {o.name: o.value for o in Outcome} == {
+        "RUNNING": "running",
+        "SUCCEEDED": "succeeded",
+        "FAILED": "failed",
+        "CANCELLED": "cancelled",
+    }
+    assert {c.name: int(c) for c in ExitCode} == {
+        "SUCCEEDED": 0,
+        "FAILED": 1,
+        "USAGE": 2,
+        "CANCELLED": 3,
+        "TIMEOUT": 4,
+    }
+    assert ExitCode.reported() == set(ExitCode) - {ExitCode.USAGE}
 
 
 def test_a_broken_dataset_line_is_invalid_dataset_naming_the_line(
@@ -125,7 +145,7 @@ def test_a_tiny_max_runtime_is_timeout(
     )
     run = run_executor(dataclasses.replace(spec, max_runtime_seconds=0))
     assert "max_runtime_seconds=0" in _failed(run, "timeout")
-    assert run.result.exit_code == errors.EXIT_TIMEOUT
+    assert run.result.exit_code == ExitCode.TIMEOUT
 
 
 def test_max_runtime_running_out_mid_training_stops_within_a_step(
@@ -210,7 +230,7 @@ def test_cli_rejects_an_invalid_spec_with_the_usage_exit_code(tmp_path: Path, ca
 
     path = tmp_path / "spec.json"
     path.write_text(json.dumps({"version": 1}))
-    assert main(["run", str(path)]) == errors.EXIT_USAGE
+    assert main(["run", str(path)]) == ExitCode.USAGE
     assert "job_id is required" in capsys.readouterr().err
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.errors import EXIT_CANCELLED
+from gpu_worker.outcomes import ExitCode
 from tests.gpu_worker.conftest import spec_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_cancel_stops_within_one_step_and_cleans_up(
     run = run_executor(spec, callbacks=[watch], should_stop=lambda: watch.requested)
 
     assert (run.result.status, run.result.reason) == ("cancelled", "cancelled")
-    assert run.result.exit_code == EXIT_CANCELLED
+    assert run.result.exit_code == ExitCode.CANCELLED
     # Requested after step 4 ended; the executor may finish the step in flight, no more.
     assert watch.steps[-1] <= 5, watch.steps
     assert run.final_status["data"]["status"] == "cancelled"
@@ -150,7 +150,7 @@ def test_sigterm_stops_the_cli_process_with_the_cancel_exit_code(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == EXIT_CANCELLED, stderr[-3000:]
+    assert proc.returncode == ExitCode.CANCELLED, stderr[-3000:]
     assert json.loads(stdout.strip().splitlines()[-1])["status"] == "cancelled"
     events = _read_events(events_path)
     statuses = [e["data"]["status"] for e in events if e["type"] == "status"]

@@ -19,7 +19,7 @@ import pytest
 
 from devsupport.processes import free_port
 from gpu_worker.datasets import DEMO_DATASET_PATH
-from gpu_worker.errors import EXIT_CANCELLED, EXIT_SUCCEEDED
+from gpu_worker.outcomes import ExitCode
 from providers.errors import PermanentProviderError, TransientProviderError
 from providers.ssh import (
     HostKeyMismatch,
@@ -228,7 +228,7 @@ def test_the_executor_runs_detached_and_is_tailed_and_fetched(
     _poll(ex, seen, 0, lambda: ex.exit_code() is not None)
     log = bytearray()
     ex.fetch(str(remote / "executor.log"), log.extend)
-    assert ex.exit_code() == EXIT_SUCCEEDED, log.decode()[-3000:]
+    assert ex.exit_code() == ExitCode.SUCCEEDED, log.decode()[-3000:]
     assert ex.is_running() is False
 
     seqs = [e["seq"] for e in seen]
@@ -263,7 +263,7 @@ def test_request_stop_cancels_a_running_executor(
     while ex.exit_code() is None:
         assert time.monotonic() < deadline, "the executor did not stop within 60 s"
         time.sleep(0.2)
-    assert ex.exit_code() == EXIT_CANCELLED
+    assert ex.exit_code() == ExitCode.CANCELLED
     _poll(ex, seen, offset, lambda: True)
     assert _statuses(seen)[-1] == "cancelled"
     assert ex.is_running() is False
