@@ -19,6 +19,10 @@ driven over direct SSH by the control plane (``providers.ssh``). REST v0 at
   disk. 404 is success.
 
 Bids (interruptible instances) are not offered: ``price`` is never sent.
+
+This module is the adapter (the calls and their order); what it reads and sends is beside it:
+``api`` (limits, units), ``offers`` (asks as Offers), ``states`` (the status map) and
+``refusals`` (Vast's error answers).
 """
 
 from __future__ import annotations
@@ -34,62 +38,35 @@ from providers.base import (
     LaunchRequest,
     Offer,
     RemoteState,
-    RemoteStatus,
-    SshAddress,
     gpu_name_matches,
 )
 from providers.errors import (
     InstanceNotFound,
-    NoCapacity,
     PermanentProviderError,
     ProviderError,
     TransientProviderError,
 )
 from providers.http import ProviderHTTP
 from providers.ratelimit import shared_limiter
+from providers.vastai.api import DEFAULT_URL, MIB_IN_GB, RATE_LIMITS, SEARCH_LIMIT, TARGET
+from providers.vastai.offers import gpu_count, offer_from_ask
+from providers.vastai.refusals import GONE_CODES, create_failure, error_code, refusal, said
+from providers.vastai.states import STATUS_MAP, instance_state
+
+__all__ = [
+    "DEFAULT_URL",
+    "MIB_IN_GB",
+    "ONSTART",
+    "RATE_LIMITS",
+    "SEARCH_LIMIT",
+    "STATUS_MAP",
+    "TARGET",
+    "VastAI",
+    "from_settings",
+    "instance_state",
+]
 
 logger = logging.getLogger(__name__)
-
-TARGET = "vastai"
-DEFAULT_URL = "https://console.vast.ai/api/v0"
-SEARCH_LIMIT = 64  # the most one search answers
-# Vast's gpu_ram is documented as MB but is nvidia-smi's MiB (an RTX 4090 reports 24564, an
-# "80GB" H100 81559, a "48GB" L40S 46068); cards are sold in decimal GB.
-MIB_IN_GB = 2**20 / 1e9
-
-# Vast enforces a minimum interval per endpoint and identity (token + user + IP) and sends no
-# Retry-After, so a call it refuses costs a backoff: space calls out here instead, shared by
-# every worker. Intervals from Vast's "rate limits by endpoint" table (GET /instances/ one per
-# 2 s, DELETE /instances/{id}/ one per 3 s) and the search spec (threshold 2 s), plus 10% for
-# the network between our clock and theirs. The create and attach intervals are not published:
-# the search's is assumed.
-RATE_LIMITS: dict[str, tuple[int, float]] = {
-    "search": (1, 2.2),  # POST /bundles/
-    "create": (1, 2.2),  # PUT /asks/{id}/
-    "attach": (1, 2.2),  # POST /instances/{id}/ssh/
-    "list": (1, 2.2),  # GET /instances/ (poll, launch's look-up, list_instances)
-    "destroy": (1, 3.3),  # DELETE /instances/{id}/
-}
-
-# ``actual_status``, the container's state. Vast sends null while the contract is being set up:
-# ``instance_state`` reads null (and a missing field) as "".
-STATUS_MAP: Mapping[str, RemoteStatus] = {
-    "": RemoteStatus.PENDING,  # null: provisioning
-    "created": RemoteStatus.PENDING,  # container created, not started (see the OCI check)
-    "loading": RemoteStatus.PENDING,  # pulling the image, starting
-    "rebooting": RemoteStatus.PENDING,
-    "restarting": RemoteStatus.PENDING,  # not in Vast's docs; SkyPilot sees it
-    "running": RemoteStatus.RUNNING,
-    # We never stop or freeze an instance: stopped means outbid or interrupted, and frozen
-    # something we did not ask for. Neither resumes on its own.
-    "stopped": RemoteStatus.LOST,
-    "frozen": RemoteStatus.LOST,
-    # These never become running, and the instance bills its disk until destroyed.
-    "exited": RemoteStatus.LOST,  # the container process exited unexpectedly
-    "unknown": RemoteStatus.LOST,  # no heartbeat from the host
-    "offline": RemoteStatus.LOST,  # the host disconnected
-}
-
 # Appends the attempt's key (passed in env, so no quoting) once to root's authorized_keys.
 ONSTART = " && ".join(
     (
@@ -101,18 +78,6 @@ ONSTART = " && ".join(
         " || printf '%s\\n' \"$TRAINHUB_SSH_PUBLIC_KEY\" >> /root/.ssh/authorized_keys; }",
         "chmod 600 /root/.ssh/authorized_keys",
     )
-)
-
-_GONE_CODES = frozenset({"no_such_instance", "not_found"})
-# What placement may want to show or check beyond the Offer fields.
-_OFFER_DETAILS = (
-    "reliability2",
-    "cuda_max_good",
-    "inet_down",
-    "dph_base",
-    "verification",
-    "direct_port_count",
-    "disk_space",
 )
 
 
@@ -154,7 +119,7 @@ class VastAI:
         raw = body.get("offers") if isinstance(body, dict) else None
         pattern = str(gpu.get("name") or "")
         out = [
-            _offer(ask)
+            offer_from_ask(ask)
             for ask in raw or []
             if isinstance(ask, dict)
             and ask.get("id") is not None
@@ -172,7 +137,7 @@ class VastAI:
             "reliability2": {"gte": self._min_reliability},
             "cuda_max_good": {"gte": self._min_cuda},
             "inet_down": {"gte": self._min_inet_down},
-            "num_gpus": {"eq": _gpu_count(gpu)},
+            "num_gpus": {"eq": gpu_count(gpu)},
             "disk_space": {"gte": self._disk_gb},  # we are billed for the disk we ask for
         }
         if self._verified_only:
@@ -233,12 +198,12 @@ class VastAI:
             )
         except ProviderError as exc:
             self._destroy_left_behind(exc.body, what)
-            raise _create_failure(exc, offer_id) from None
+            raise create_failure(exc, offer_id) from None
         body = answer if isinstance(answer, dict) else {}
         new_contract = body.get("new_contract")
         if body.get("success") is False:
             self._destroy_left_behind(body, what)
-            raise _refusal(body, offer_id)
+            raise refusal(body, offer_id)
         if new_contract is None:
             # Vast may have rented something it did not name: the retry looks by label.
             raise TransientProviderError(
@@ -312,12 +277,12 @@ class VastAI:
         except InstanceNotFound:
             return  # destroyed already: nothing bills
         if isinstance(answer, dict) and answer.get("success") is False:
-            code = _code(answer)
-            if code in _GONE_CODES:
+            code = error_code(answer)
+            if code in GONE_CODES:
                 return
             # DELETE is idempotent: a later cancel may succeed.
             raise TransientProviderError(
-                f"Vast.ai did not destroy instance {instance_id}: {_said(answer)}",
+                f"Vast.ai did not destroy instance {instance_id}: {said(answer)}",
                 provider=TARGET,
                 code=code,
                 body=answer,
@@ -341,132 +306,6 @@ class VastAI:
 
     def _find(self, name: str) -> dict[str, Any] | None:
         return next((i for i in self._list() if i.get("label") == name), None)
-
-
-def instance_state(instance: Mapping[str, Any] | None) -> RemoteState:
-    """An instance of ``GET /instances/`` (None: not listed) as a RemoteState."""
-    if instance is None:
-        return RemoteState(RemoteStatus.LOST, "Vast no longer lists this instance")
-    raw = str(instance.get("actual_status") or "")
-    price = _float(instance.get("dph_total"))
-    status_msg = str(instance.get("status_msg") or "").strip()
-    states = {instance.get(k) for k in ("cur_state", "intended_status", "next_state")}
-    if states == {"stopped"}:
-        return RemoteState(
-            RemoteStatus.LOST,
-            f"outbid or interrupted: Vast stopped the instance (actual_status {raw or 'null'})",
-            price_per_hour=price,
-        )
-    if raw == "created" and _is_error(status_msg):
-        # The container could not start (e.g. "OCI runtime create failed"): it never will.
-        return RemoteState(
-            RemoteStatus.LOST, f"the container failed to start: {status_msg}", price_per_hour=price
-        )
-    status = STATUS_MAP.get(raw, RemoteStatus.PENDING)
-    if status is RemoteStatus.LOST:
-        detail = f": {status_msg}" if status_msg else ""
-        return RemoteState(status, f"the instance is {raw}{detail}", price_per_hour=price)
-    if status is RemoteStatus.RUNNING:
-        address = _ssh_address(instance)
-        if address is not None:
-            return RemoteState(status, "running", ssh=address, price_per_hour=price)
-        return RemoteState(
-            RemoteStatus.PENDING, "running, without a direct SSH port yet", price_per_hour=price
-        )
-    return RemoteState(status, raw or "provisioning", price_per_hour=price)
-
-
-def _ssh_address(instance: Mapping[str, Any]) -> SshAddress | None:
-    """``ssh_direct``: root at the host's public address, on the port mapped to 22."""
-    host = str(instance.get("public_ipaddr") or "").strip()
-    ports = instance.get("ports")
-    bindings = ports.get("22/tcp") if isinstance(ports, dict) else None
-    if not host or not isinstance(bindings, list) or not bindings:
-        return None
-    first = bindings[0]
-    port = first.get("HostPort") if isinstance(first, dict) else None
-    if port is None or not str(port).isdigit():
-        return None
-    return SshAddress(host=host, port=int(port), username="root")
-
-
-def _offer(ask: Mapping[str, Any]) -> Offer:
-    min_bid = _float(ask.get("min_bid"))
-    return Offer(
-        target=TARGET,
-        offer_id=str(ask["id"]),
-        gpu_name=str(ask.get("gpu_name") or ""),
-        gpu_count=int(ask.get("num_gpus") or 1),
-        vram_gb=float(ask.get("gpu_ram") or 0) * MIB_IN_GB,  # per GPU, decimal GB as sold
-        price_per_hour=float(ask.get("dph_total") or 0),  # on demand, GPU + disk + the rest
-        spot_price_per_hour=min_bid,
-        available=True,  # a search lists only what can be rented now
-        region=str(ask.get("geolocation") or ""),
-        machine_id=str(ask.get("machine_id") or ""),
-        details={k: ask[k] for k in _OFFER_DETAILS if ask.get(k) is not None},
-    )
-
-
-def _create_failure(exc: ProviderError, offer_id: str) -> ProviderError:
-    """What a refused ``PUT /asks/{id}/`` means to the caller."""
-    code = _code(exc.body) or exc.code
-    if code == "no_such_ask" or (isinstance(exc, InstanceNotFound) and not code):
-        # 404: the offer is gone; 410: it cannot start now (cancel_unavail).
-        return NoCapacity(
-            f"Vast.ai offer {offer_id} is no longer available ({exc.message}); choose another",
-            provider=TARGET,
-            status=exc.status,
-            code=code,
-            body=exc.body,
-        )
-    if isinstance(exc, InstanceNotFound):  # a 404/410 that is not about the offer
-        return PermanentProviderError(
-            exc.message, provider=TARGET, status=exc.status, code=code, body=exc.body
-        )
-    return exc
-
-
-def _refusal(body: Mapping[str, Any], offer_id: str) -> ProviderError:
-    """A create answered 2xx with ``"success": false``."""
-    code = _code(body)
-    message = f"Vast.ai refused to rent offer {offer_id}: {_said(body)}"
-    error = NoCapacity if code == "no_such_ask" else PermanentProviderError
-    return error(message, provider=TARGET, code=code, body=dict(body))
-
-
-def _code(body: object) -> str:
-    """Vast's error code: ``error``, or a ``msg`` that is a bare code (some routes put it
-    there, e.g. ``{"success": false, "msg": "no_such_ask"}``)."""
-    if not isinstance(body, dict):
-        return ""
-    for key in ("error", "msg"):
-        value = body.get(key)
-        if isinstance(value, str) and value and " " not in value:
-            return value
-    return ""
-
-
-def _said(body: Mapping[str, Any]) -> str:
-    parts = [str(body[k]) for k in ("error", "msg", "message") if body.get(k)]
-    return "; ".join(dict.fromkeys(parts)) or str(dict(body))[:200]
-
-
-def _is_error(status_msg: str) -> bool:
-    text = status_msg.lower()
-    return "error" in text or "failed" in text
-
-
-def _gpu_count(gpu: Mapping[str, object]) -> int:
-    return max(1, int(str(gpu.get("count") or 1)))
-
-
-def _float(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
 
 
 def from_settings(secrets: Mapping[str, str]) -> VastAI:
