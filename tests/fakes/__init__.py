@@ -1,1 +1,2 @@
-"""Fakes of outside services that tests and benchmarks talk to over real sockets on loopback."""
+"""Fakes of outside services: a scripted provider adapter registered in-process (adapter.py),
+and services that tests and benchmarks talk to over real sockets on loopback (runpod_api.py)."""

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from providers import registry
-from tests.providers.fake import FakeAdapter, register_fake
+from tests.fakes.adapter import FakeAdapter, register_fake
 
 
 @dataclass

@@ -16,8 +16,8 @@ from jobs.services.files import file_validate
 from jobs.services.jobs import job_create
 from jobs.services.projects import project_default_for_user
 from providers import registry
+from tests.fakes.adapter import register_fake
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
-from tests.providers.fake import register_fake
 
 JOBS = "/api/v1/jobs/"
 JOB_KEYS = {
@@ -63,7 +63,7 @@ def _status(job_id: str) -> str:
 def test_a_price_cap_is_shown_as_a_number(api, project, processed_file, settings) -> None:
     settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
     from providers import registry
-    from tests.providers.fake import register_fake
+    from tests.fakes.adapter import register_fake
 
     register_fake("priced-cloud", has_offers=True)
     try:

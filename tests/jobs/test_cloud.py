@@ -25,8 +25,8 @@ from providers.errors import (
     RateLimited,
     TransientProviderError,
 )
+from tests.fakes.adapter import FakeAdapter, register_fake
 from tests.jobs import conftest_services
-from tests.providers.fake import FakeAdapter, register_fake
 
 S = JobStatus
 sent = conftest_services.sent

@@ -21,8 +21,8 @@ from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import TransientProviderError
+from tests.fakes.adapter import FakeAdapter, register_fake
 from tests.jobs import conftest_services
-from tests.providers.fake import FakeAdapter, register_fake
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 S = JobStatus

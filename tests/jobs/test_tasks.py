@@ -20,8 +20,8 @@ from jobs.states import JobStatus
 from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import PermanentProviderError
+from tests.fakes.adapter import register_fake
 from tests.jobs import conftest_services
-from tests.providers.fake import register_fake
 
 S = JobStatus
 sent = conftest_services.sent

@@ -116,7 +116,7 @@ def register_fake(
     credential_kind: str | None = None,
     poll_batch: int = 10_000,
     has_offers: bool = False,
-    ssh_executor: bool = False,
+    kind: registry.TargetKind = registry.TargetKind.SERVERLESS,
 ) -> FakeAdapter:
     """Register ``name`` as a cloud target backed by one shared FakeAdapter; returns it.
     The secrets each adapter was built with are kept in ``adapter.secrets_seen``.
@@ -131,11 +131,11 @@ def register_fake(
         registry.Target(
             name=name,
             description="Scripted fake provider (tests only).",
+            kind=kind,
             credential_kind=credential_kind,
             adapter_factory=factory,
             poll_batch=poll_batch,
             has_offers=has_offers,
-            ssh_executor=ssh_executor,
         )
     )
     return adapter
