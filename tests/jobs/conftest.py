@@ -4,22 +4,86 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
 from gpu_worker.bundle import write_bundle
 from jobs import storage
+from jobs.locks import redis_client
 from jobs.models import Artifact, TrainingJob
 from jobs.services.artifacts import artifact_ingest
 from jobs.services.attempts import attempt_record_events, attempt_start
+from providers import registry
+from tests.fakes.adapter import FakeAdapter, register_fake
 
 
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings) -> None:
     # make_user sets a password; PBKDF2 costs ~0.3 s a user, which adds up over the suite.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@dataclass
+class SentTasks:
+    """What ``trainhub.celery.app.send_task`` was asked to send (nothing reaches the broker)."""
+
+    calls: list[tuple[str, list[Any]]] = field(default_factory=list)
+    queues: list[str | None] = field(default_factory=list)  # the queue of each call
+    options: list[dict[str, Any]] = field(default_factory=list)  # countdown, expires, ...
+
+    def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        self.calls.append((name, list(args or [])))
+        self.queues.append(options.get("queue"))
+        self.options.append(options)
+
+    def named(self, name: str) -> list[list[Any]]:
+        return [args for sent_name, args in self.calls if sent_name == name]
+
+    def countdowns(self, name: str) -> list[float | None]:
+        """The delay each ``name`` message was sent with (None: at once)."""
+        return [
+            options.get("countdown")
+            for (sent_name, _), options in zip(self.calls, self.options, strict=True)
+            if sent_name == name
+        ]
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.queues.clear()
+        self.options.clear()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
+    from trainhub.celery import app
+
+    recorder = SentTasks()
+    monkeypatch.setattr(app, "send_task", recorder)
+    return recorder
+
+
+@pytest.fixture
+def fake_cloud(settings) -> Iterator[FakeAdapter]:
+    # Rented machines need storage they can reach; with local storage, a public address.
+    settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
+    adapter = register_fake("fake-cloud")
+    yield adapter
+    registry.unregister("fake-cloud")
+
+
+@pytest.fixture
+def fresh_provider_state() -> None:
+    """Offers, refusals and the providers' rate-limit bookings live in Redis across processes
+    and tests: a test using this starts without them (an earlier test's Lambda launch would
+    otherwise make this one's wait out its 12.5 s window)."""
+    client = redis_client()
+    for pattern in ("trainhub:offers:*", "trainhub:ratelimit:*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
 
 
 @pytest.fixture

@@ -13,10 +13,7 @@ from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.models import TrainingFile
 from jobs.services.files import file_validate
-from tests.jobs import conftest_services
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds, upload
-
-sent = conftest_services.sent
 
 
 def _line(user: str, assistant: str, role: str = "assistant") -> str:

@@ -10,7 +10,6 @@ from rest_framework.test import APIClient
 
 from jobs.models import GpuNode, JobAttempt, NodeEvent, TrainingJob
 from jobs.services import dispatch, nodes
-from tests.jobs import conftest_services
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
 
 NODES = "/api/v1/nodes/"
@@ -21,7 +20,6 @@ NODE_KEYS = {
     "current_attempt", "last_heartbeat_at", "registered_at", "created_at",
 }  # fmt: skip
 H100 = {"name": "NVIDIA H100 80GB HBM3", "vram_mb": 81559}
-sent = conftest_services.sent
 
 
 # --- helpers ----------------------------------------------------------------------------------

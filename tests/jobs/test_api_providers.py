@@ -10,11 +10,9 @@ from jobs.services.projects import credential_create
 from providers import registry
 from providers.errors import InvalidCredentials, TransientProviderError
 from tests.fakes.adapter import FakeAdapter, register_fake
-from tests.jobs import conftest_services
 from tests.jobs._api import assert_error, assert_list
 
 pytestmark = pytest.mark.usefixtures("fresh_provider_state")
-fresh_provider_state = conftest_services.fresh_provider_state
 URL = "/api/v1/providers/"
 SECRET = "vk_provider_secret_5e1d"
 

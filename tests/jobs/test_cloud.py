@@ -26,11 +26,8 @@ from providers.errors import (
     TransientProviderError,
 )
 from tests.fakes.adapter import FakeAdapter, register_fake
-from tests.jobs import conftest_services
 
 S = JobStatus
-sent = conftest_services.sent
-fake_cloud = conftest_services.fake_cloud
 
 
 @pytest.fixture

@@ -27,10 +27,8 @@ from jobs.states import TERMINAL
 from providers import runpod_pod
 from providers.http import ProviderHTTP
 from tests.fakes.runpod_api import API_KEY, FakeRunpod
-from tests.jobs import conftest_services
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-sent = conftest_services.sent
 JOBS = 50
 DEADLINE_SECONDS = 240
 

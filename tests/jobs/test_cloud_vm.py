@@ -33,15 +33,12 @@ from jobs.services.projects import credential_create
 from jobs.states import EndReason, JobStatus
 from providers import lambda_cloud, vastai
 from providers.base import SshAddress
-from tests.jobs import conftest_services
 from tests.providers import lambda_payloads as lp
 from tests.providers import runpod_payloads as rp
 from tests.providers import vast_payloads as vp
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 S = JobStatus
-sent = conftest_services.sent
-fresh_provider_state = conftest_services.fresh_provider_state
 
 VAST = vp.BASE
 LAMBDA = lp.BASE

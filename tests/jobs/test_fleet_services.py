@@ -32,12 +32,10 @@ from jobs.services.attempts import (
 from jobs.services.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
 from jobs.storage import transfer
-from tests.jobs import conftest_services
 
 pytestmark = pytest.mark.django_db
 S = JobStatus
 N = GpuNode.Status
-sent = conftest_services.sent
 
 # As nvidia-smi reports them (memory.total in MiB).
 H100 = {"name": "NVIDIA H100 80GB HBM3", "vram_mb": 81559}

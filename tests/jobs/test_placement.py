@@ -22,12 +22,9 @@ from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import TransientProviderError
 from tests.fakes.adapter import FakeAdapter, register_fake
-from tests.jobs import conftest_services
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 S = JobStatus
-sent = conftest_services.sent
-fresh_provider_state = conftest_services.fresh_provider_state
 
 
 @pytest.fixture

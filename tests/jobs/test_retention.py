@@ -14,10 +14,8 @@ from jobs import storage, tasks
 from jobs.models import StorageDeletion, TrainingJob
 from jobs.services.jobs import job_cancel, job_delete, job_retry
 from jobs.services.retention import storage_sweep
-from tests.jobs import conftest_services
 
 pytestmark = pytest.mark.usefixtures("storage_backend")
-sent = conftest_services.sent
 
 DAY = timedelta(days=1)
 

@@ -15,10 +15,8 @@ from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.attempts import attempt_record_events, attempt_start, attempts_expire_leases
 from jobs.services.jobs import job_cancel, job_retry
 from jobs.states import JobStatus
-from tests.jobs import conftest_services
 
 S = JobStatus
-sent = conftest_services.sent
 
 
 def _status(event_status: str, seq: int, **data: object) -> dict:

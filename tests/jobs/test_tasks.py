@@ -21,11 +21,8 @@ from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import PermanentProviderError
 from tests.fakes.adapter import register_fake
-from tests.jobs import conftest_services
 
 S = JobStatus
-sent = conftest_services.sent
-fake_cloud = conftest_services.fake_cloud
 
 POLL_LOCK = "poll:fake-cloud"
 EXPIRE_LOCK = "expire-leases"
