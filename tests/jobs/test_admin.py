@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from jobs.models import ApiKey, Artifact, JobEvent, ProviderCredential, TrainingJob
+from jobs.models import ApiKey, JobEvent, ProviderCredential, TrainingJob
 from jobs.services.projects import api_key_authenticate, api_key_create, credential_create
+from tests.factories import ArtifactFactory, StorageDeletionFactory
 
 SECRET = "rk_secret_for_admin"
 
@@ -26,7 +27,7 @@ def objects(user, project, make_job):
     from jobs.services.jobs import job_cancel
 
     job_cancel(job=cancelled)
-    artifact = Artifact.objects.create(
+    artifact = ArtifactFactory(
         job=cancelled,
         kind="adapter",
         storage_key="projects/x/adapter.tar",
@@ -157,9 +158,7 @@ def test_no_add_pages_for_api_owned_objects(admin_client, db) -> None:
 
 
 def test_pending_storage_deletions_are_listed(admin_client, db) -> None:
-    from jobs.models import StorageDeletion
-
-    row = StorageDeletion.objects.create(key="projects/1/jobs/ftjob-gone/", reason="job deleted")
+    row = StorageDeletionFactory(key="projects/1/jobs/ftjob-gone/", reason="job deleted")
     assert "projects/1/jobs/ftjob-gone/" in _page(admin_client, "/admin/jobs/storagedeletion/")
     _page(admin_client, f"/admin/jobs/storagedeletion/{row.pk}/change/")
 

@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 from gpu_worker.bundle import write_bundle
 from jobs import storage
 from jobs.models import Artifact
+from tests.factories import ArtifactFactory
 
 WEIGHTS = bytes(range(256)) * 400
 pytestmark = pytest.mark.usefixtures("storage_backend")
@@ -30,7 +31,7 @@ def artifact(make_job, tmp_path: Path) -> Artifact:
     write_bundle(src, buf)
     key = storage.bundle_key(job.project_id, job.public_id, 1)
     stored = storage.save_stream(key, [buf.getvalue()])
-    return Artifact.objects.create(
+    return ArtifactFactory(
         job=job, kind=Artifact.Kind.ADAPTER, storage_key=key, filename=f"{job.public_id}.tar",
         size=stored.size, sha256=stored.sha256, verified=True,
     )  # fmt: skip

@@ -32,6 +32,7 @@ from jobs.services.attempts import (
 from jobs.services.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
 from jobs.storage import transfer
+from tests.factories import GpuNodeFactory
 
 pytestmark = pytest.mark.django_db
 S = JobStatus
@@ -68,7 +69,7 @@ def broadcasts(monkeypatch) -> Broadcasts:
 
 def _machine(*gpus: dict, **labels: str) -> GpuNode:
     """An unsaved node as misfit sees it."""
-    return GpuNode(
+    return GpuNodeFactory.build(
         name="m", capabilities={"gpu_count": len(gpus), "gpus": list(gpus)}, labels=labels
     )
 

@@ -15,6 +15,7 @@ from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.attempts import attempt_record_events, attempt_start, attempts_expire_leases
 from jobs.services.jobs import job_cancel, job_retry
 from jobs.states import JobStatus
+from tests.factories import JobAttemptFactory
 
 S = JobStatus
 
@@ -80,12 +81,12 @@ def test_attempt_start_refuses_a_job_that_is_not_queued(queued) -> None:
 def test_partial_unique_constraint_forbids_two_live_attempts(queued) -> None:
     first = attempt_start(job=queued, target="local")
     with pytest.raises(IntegrityError), transaction.atomic():
-        JobAttempt.objects.create(job=queued, number=2, target="local")
+        JobAttemptFactory(job=queued, number=2, target="local")
     # Once the first has ended, the next live attempt is fine.
     JobAttempt.objects.filter(pk=first.pk).update(ended_at=timezone.now(), end_reason="worker_lost")
-    JobAttempt.objects.create(job=queued, number=2, target="local")
+    JobAttemptFactory(job=queued, number=2, target="local")
     with pytest.raises(IntegrityError), transaction.atomic():  # numbers stay unique too
-        JobAttempt.objects.create(job=queued, number=2, target="local", ended_at=timezone.now())
+        JobAttemptFactory(job=queued, number=2, target="local", ended_at=timezone.now())
 
 
 # --- executor events --------------------------------------------------------------------------

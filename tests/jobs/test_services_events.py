@@ -9,6 +9,7 @@ from django.db import IntegrityError, connection, transaction
 
 from jobs.models import JobEvent, TrainingJob
 from jobs.services.events import MAX_MESSAGE_CHARS, clean_executor_event, event_append, events_store
+from tests.factories import JobEventFactory
 
 
 def _numbers(job: TrainingJob) -> list[int]:
@@ -58,7 +59,7 @@ def test_store_keeps_executor_seq_and_skips_seen_ones(job) -> None:
 def test_database_rejects_a_duplicate_attempt_seq(job) -> None:
     events_store(job=job, attempt=1, events=[clean_executor_event({"seq": 0, "type": "log"})])
     with pytest.raises(IntegrityError), transaction.atomic():
-        JobEvent.objects.create(job=job, attempt=1, seq=0, number=999, type="log", message="dup")
+        JobEventFactory(job=job, attempt=1, seq=0, number=999, type="log", message="dup")
 
 
 def test_metrics_keep_only_known_keys(job) -> None:
