@@ -19,30 +19,22 @@ driven over SSH as ``ubuntu`` by the control plane (``providers.ssh``). Every an
   terminate); then, best effort, our keys that no instance uses any more are deleted.
 
 No spot, and no CPU-only types (the executor needs a GPU).
+
+This module is the adapter (the calls and their order; ``poll`` reads instances through this
+module's ``instance_state``, which a test replaces); what it reads and sends is beside it:
+``api`` (limits, SSH login, prices), ``offers`` (instance types as Offers), ``states`` (the
+status map), ``codes`` (Lambda's error codes) and ``keys`` (our SSH key names).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from providers.base import (
-    MACHINE_PREFIX,
-    Handle,
-    LaunchRequest,
-    Offer,
-    RemoteState,
-    RemoteStatus,
-    SshAddress,
-    offer_misfit,
-)
+from providers.base import MACHINE_PREFIX, Handle, LaunchRequest, Offer, RemoteState, RemoteStatus
 from providers.errors import (
     InstanceNotFound,
-    InvalidCredentials,
     NoCapacity,
     PermanentProviderError,
     ProviderError,
@@ -50,103 +42,31 @@ from providers.errors import (
     TransientProviderError,
 )
 from providers.http import ProviderHTTP
+from providers.lambda_cloud.api import DEFAULT_URL, RATE_LIMITS, SSH_PORT, SSH_USER, TARGET
+from providers.lambda_cloud.codes import ERROR_CODES, translate
+from providers.lambda_cloud.keys import KEY_PREFIX, OUR_KEY, key_name
+from providers.lambda_cloud.offers import offers_from_types, parse_gpu
+from providers.lambda_cloud.states import STATUS_MAP, instance_state
 from providers.ratelimit import shared_limiter
 
+__all__ = [
+    "DEFAULT_URL",
+    "ERROR_CODES",
+    "KEY_PREFIX",
+    "RATE_LIMITS",
+    "SSH_PORT",
+    "SSH_USER",
+    "STATUS_MAP",
+    "TARGET",
+    "LambdaCloud",
+    "from_settings",
+    "instance_state",
+    "key_name",
+    "parse_gpu",
+    "translate",
+]
+
 log = logging.getLogger(__name__)
-
-TARGET = "lambda"
-DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
-# Lambda: about 1 request/s in general, launch 1 per 12 s; kept a little under both.
-RATE_LIMITS: dict[str, tuple[int, float]] = {"default": (9, 10.0), "launch": (1, 12.5)}
-SSH_PORT = 22
-SSH_USER = "ubuntu"  # Lambda Stack images
-KEY_PREFIX = "trainhub-"
-# Only keys we named are ever deleted: an operator's own "trainhub-laptop" key is left alone.
-_OUR_KEY = re.compile(rf"^{re.escape(KEY_PREFIX)}[0-9a-f]{{16}}$")
-
-STATUS_MAP: Mapping[str, RemoteStatus] = {
-    "booting": RemoteStatus.PENDING,
-    "active": RemoteStatus.RUNNING,  # PENDING until it has an IP address
-    # May recover; the control plane's readiness deadline and lease bound the wait.
-    "unhealthy": RemoteStatus.PENDING,
-    "terminating": RemoteStatus.LOST,  # unasked: someone terminated it (console, another tool)
-    "terminated": RemoteStatus.LOST,
-}
-
-# Lambda's error code -> what it means to the control plane, whatever the HTTP status.
-ERROR_CODES: Mapping[str, type[ProviderError]] = {
-    "instance-operations/launch/insufficient-capacity": NoCapacity,
-    "global/quota-exceeded": NoCapacity,
-    "global/invalid-api-key": InvalidCredentials,
-    "global/account-inactive": InvalidCredentials,
-    "global/object-does-not-exist": InstanceNotFound,
-}
-
-# "H100 (80 GB SXM5)", "GH200 (96 GB)", "1x A10 (24 GB PCIe)": model, GB per GPU, form factor.
-_GPU = re.compile(
-    r"^(?:\d+x\s+)?(?P<model>[^(]*?)\s*\(\s*(?P<gb>\d+(?:\.\d+)?)\s*GB\b\s*(?P<form>[^)]*)\)",
-    re.IGNORECASE,
-)
-
-
-def translate(exc: ProviderError) -> ProviderError:
-    """The family member Lambda's error code stands for; ``exc`` itself when it adds nothing."""
-    kind = ERROR_CODES.get(exc.code)
-    if kind is None and exc.code.startswith("provider/") and not exc.retryable:
-        kind = TransientProviderError  # an upstream failure at Lambda: usually passes
-    if kind is None or isinstance(exc, kind):
-        return exc  # a 429 or 5xx keeps its Retry-After and maybe_applied
-    message = exc.message
-    if exc.code == "global/quota-exceeded":
-        message += (
-            " (the Lambda account's quota is reached, not a shortage at Lambda: ask Lambda to "
-            "raise it, or end other instances)"
-        )
-    fields: dict[str, Any] = {
-        "provider": exc.provider,
-        "status": exc.status,
-        "code": exc.code,
-        "body": exc.body,
-    }
-    if kind is TransientProviderError:
-        applied = bool(getattr(exc, "maybe_applied", False))
-        return TransientProviderError(message, maybe_applied=applied, **fields)
-    return kind(message, **fields)
-
-
-def parse_gpu(*descriptions: str) -> tuple[str, float]:
-    """(GPU name, GB per GPU) from the first description that names the memory:
-    "A100 (40 GB SXM4)" -> ("A100 SXM4", 40.0). The form factor stays in the name so a glob
-    can tell SXM from PCIe. (name, 0.0) when none does."""
-    for text in descriptions:
-        match = _GPU.match(text.strip())
-        if match:
-            name = " ".join(p for p in (match["model"].strip(), match["form"].strip()) if p)
-            return name, float(match["gb"])
-    first = next((t.strip() for t in descriptions if t.strip()), "")
-    return re.sub(r"^\d+x\s+", "", first), 0.0
-
-
-def key_name(public_key: str) -> str:
-    """The Lambda name of an SSH key: from the hash of its blob, so the comment does not
-    matter and the same key is registered once however often an attempt is launched."""
-    parts = public_key.split()
-    blob = parts[1] if len(parts) > 1 else public_key.strip()
-    return KEY_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _allowed(value: str, patterns: Sequence[str]) -> bool:
-    return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
-
-
-def _price(instance_type: object) -> float | None:
-    """USD per hour; None when Lambda does not say. The cents are an integer in the schema, a
-    string in the schema's own example: both are read."""
-    cents = instance_type.get("price_cents_per_hour") if isinstance(instance_type, dict) else None
-    try:
-        return float(str(cents)) / 100
-    except ValueError:
-        return None
 
 
 class LambdaCloud:
@@ -172,43 +92,7 @@ class LambdaCloud:
         types = self._call("GET", "/instance-types")
         if not isinstance(types, dict):
             raise self._malformed("GET /instance-types")
-        out: list[Offer] = []
-        for type_name, entry in types.items():
-            itype = entry.get("instance_type") if isinstance(entry, dict) else None
-            if not isinstance(itype, dict) or not _allowed(type_name, self._types):
-                continue
-            specs = itype.get("specs") or {}
-            count = int(specs.get("gpus") or 0)
-            name, vram = parse_gpu(
-                str(itype.get("gpu_description") or ""), str(itype.get("description") or "")
-            )
-            price = _price(itype)
-            if count == 0 or price is None:
-                continue  # CPU-only, or no price to compare or cap
-            regions = [
-                str(r["name"])
-                for r in entry.get("regions_with_capacity_available") or []
-                if isinstance(r, dict) and r.get("name") and _allowed(str(r["name"]), self._regions)
-            ]
-            common: dict[str, Any] = {
-                "target": TARGET,
-                "gpu_name": name,
-                "gpu_count": count,
-                "vram_gb": vram,
-                "price_per_hour": price,
-                "details": {
-                    "instance_type": type_name,
-                    "description": itype.get("description", ""),
-                    "vcpus": specs.get("vcpus"),
-                    "memory_gib": specs.get("memory_gib"),
-                    "storage_gib": specs.get("storage_gib"),
-                },
-            }
-            out += [Offer(offer_id=f"{type_name}@{r}", region=r, **common) for r in regions]
-            if not regions:
-                out.append(Offer(offer_id=type_name, available=False, **common))
-        fitting = [o for o in out if offer_misfit(gpu, o) is None]  # coarse: placement re-checks
-        return sorted(fitting, key=lambda o: (o.price_per_hour, not o.available, o.offer_id))
+        return offers_from_types(types, gpu, type_globs=self._types, region_globs=self._regions)
 
     # --- launch ---------------------------------------------------------------------------
 
@@ -340,9 +224,7 @@ class LambdaCloud:
             unused = [
                 k
                 for k in self._keys()
-                if _OUR_KEY.match(str(k.get("name", "")))
-                and k["name"] not in in_use
-                and k.get("id")
+                if OUR_KEY.match(str(k.get("name", ""))) and k["name"] not in in_use and k.get("id")
             ]
         except ProviderError as exc:
             log.info("lambda: SSH key clean-up left for a later cancel: %s", exc)
@@ -406,28 +288,6 @@ class LambdaCloud:
         return TransientProviderError(
             f"lambda {what} answered without the expected data", provider=TARGET
         )
-
-
-def instance_state(instance: object) -> RemoteState:
-    """A Lambda instance object as a RemoteState."""
-    if not isinstance(instance, dict):
-        return RemoteState(RemoteStatus.PENDING, "Lambda sent no instance object")
-    raw = str(instance.get("status", ""))
-    status = STATUS_MAP.get(raw, RemoteStatus.PENDING)
-    price = _price(instance.get("instance_type"))
-    if status is RemoteStatus.LOST:
-        return RemoteState(status, f"the instance is {raw}", price_per_hour=price)
-    ip = instance.get("ip")
-    if status is RemoteStatus.RUNNING and ip:
-        address = SshAddress(host=str(ip), port=SSH_PORT, username=SSH_USER)
-        return RemoteState(status, "active", ssh=address, price_per_hour=price)
-    if raw == "active":
-        return RemoteState(RemoteStatus.PENDING, "active, no IP address yet", price_per_hour=price)
-    if raw == "unhealthy":
-        message = "Lambda reports the instance unhealthy"
-    else:
-        message = raw or "unknown Lambda instance status"
-    return RemoteState(RemoteStatus.PENDING, message, price_per_hour=price)
 
 
 def from_settings(secrets: Mapping[str, str]) -> LambdaCloud:
