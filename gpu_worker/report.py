@@ -1,7 +1,8 @@
 """Progress reporting from the executor to the control plane (no Django here).
 
 One :class:`Reporter` per attempt numbers every event it creates (``seq`` 0, 1, 2, ...) and
-delivers them to one or more sinks, chosen by the spec's ``report`` block:
+delivers them to one or more sinks, chosen by the spec's ``report`` block
+(gpu_worker.report_settings):
 
 * ``celery``: ``trainhub.record_events(job_id, attempt, events)`` messages (GPU nodes). The broker
   URL comes from the constructor or ``CELERY_BROKER_URL``, never from the spec: a broker URL may
@@ -29,17 +30,18 @@ merged (latest wins) and sent with the next metrics event or flush.
 
 from __future__ import annotations
 
-import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker import celery_conf
+from gpu_worker.delivery import Channel
+from gpu_worker.events import MAX_MESSAGE_CHARS, jsonable, metrics_message
+from gpu_worker.events import level as event_level
 from gpu_worker.outcomes import Outcome
+from gpu_worker.report_settings import report_settings
 from gpu_worker.sinks import CelerySink, JsonlSink, MemorySink, RunpodSink, Sink
 
 if TYPE_CHECKING:
@@ -48,71 +50,11 @@ if TYPE_CHECKING:
 __all__ = ["CelerySink", "JsonlSink", "MemorySink", "Reporter", "RunpodSink", "Sink"]
 log = logging.getLogger(__name__)
 
-EVENT_TYPES = frozenset(
-    {"status", "log", "metrics", "checkpoint", "artifact", "error", "heartbeat"}
-)
-LEVELS = ("debug", "info", "warning", "error")
-_LEVEL_ALIASES = {"warn": "warning", "critical": "error", "fatal": "error", "exception": "error"}
-# The control plane stores at most this much of a message (jobs.services.events.MAX_MESSAGE_CHARS).
-MAX_MESSAGE_CHARS = 4000
 BATCH_SIZE = 50  # pending events that trigger a send
-MAX_SEND_EVENTS = 200  # events per sink.send call (a long outage's backlog goes out in chunks)
-DEFAULT_JSONL_PATH = "events.jsonl"
-# Immediate events sent while a sink is failing would stall training on every call; a failed sink
-# is retried by those only after this backoff (doubling), while flush()/heartbeat/close always try.
-_BACKOFF_START = 1.0
-_BACKOFF_MAX = 30.0
 _IMMEDIATE_TYPES = frozenset({"status", "error", "checkpoint", "artifact"})
 
 
 # --- reporter -------------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy: non-finite floats become None (PostgreSQL jsonb rejects NaN), numpy/
-    torch scalars their Python value, unknown objects their str()."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
-    item = getattr(value, "item", None)  # numpy / torch scalars
-    if callable(item):
-        try:
-            return _jsonable(item())
-        except (TypeError, ValueError, RuntimeError):
-            pass
-    return str(value)
-
-
-def _format_metric(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _metrics_message(values: Mapping[str, Any]) -> str:
-    parts = []
-    if "step" in values:
-        total = values.get("total_steps")
-        parts.append(f"step {values['step']}" + (f"/{total}" if total is not None else ""))
-    parts += [
-        f"{k}={_format_metric(v)}" for k, v in values.items() if k not in ("step", "total_steps")
-    ]
-    return " ".join(parts)
-
-
-class _Channel:
-    """One sink and the events it has not confirmed yet (only touched under the flush lock)."""
-
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-        self.backlog: collections.deque[dict[str, Any]] = collections.deque()
-        self.failures = 0
-        self.retry_at = 0.0
 
 
 class Reporter:
@@ -150,7 +92,7 @@ class Reporter:
         self.flush_interval = flush_interval
         self.close_timeout = close_timeout
         self._clock = clock
-        self._channels = [_Channel(s) for s in self.sinks]
+        self._channels = [Channel(s) for s in self.sinks]
         self._lock = threading.Lock()  # seq, buffer, pending metrics
         self._flush_lock = threading.Lock()  # one delivery at a time, so sinks see seq order
         self._seq = 0
@@ -166,38 +108,17 @@ class Reporter:
 
     @classmethod
     def from_spec(cls, spec: JobSpec, *, runpod_job: Mapping[str, Any] | None = None) -> Reporter:
-        """Build the reporter the spec's ``report`` block asks for::
-
-            {"sinks": [{"type": "celery"} | {"type": "jsonl", "path": "..."} | {"type": "runpod"}],
-             "heartbeat_seconds": 30, "metrics_interval_seconds": 1, "flush_seconds": 5}
-
-        No sinks configured: a JSON-lines file ``./events.jsonl`` (a hand-started
-        ``python -m gpu_worker run`` leaves a readable trace). With ``runpod_job`` (the RunPod
-        handler's job) a RunPod sink is always included, and replaces that default.
-        Raises ValueError for an unknown sink type or a malformed value.
-        """
-        report = spec.report or {}
-        if not isinstance(report, Mapping):
-            raise ValueError("report must be an object")
-        configs = report.get("sinks") or []
-        if not isinstance(configs, list):
-            raise ValueError('report.sinks must be a list such as [{"type": "jsonl", "path": ...}]')
-        sinks: list[Sink] = []
-        for i, cfg in enumerate(configs):
-            sinks.append(_sink_from_config(cfg, f"report.sinks[{i}]", runpod_job))
-        if runpod_job is not None and not any(isinstance(s, RunpodSink) for s in sinks):
-            sinks.append(RunpodSink(runpod_job))
-        if not sinks:
-            sinks.append(JsonlSink(DEFAULT_JSONL_PATH))
+        """The reporter the spec's ``report`` block asks for (gpu_worker.report_settings); with
+        ``runpod_job`` (the RunPod handler's job) a RunPod sink is always included. Raises
+        ValueError for an unknown sink type or a malformed value."""
+        settings = report_settings(spec.report, runpod_job=runpod_job)
         return cls(
             job_id=spec.job_id,
             attempt=spec.attempt,
-            sinks=sinks,
-            heartbeat_interval=_seconds(report, "heartbeat_seconds", 30.0, minimum_exclusive=0),
-            flush_interval=_seconds(report, "flush_seconds", 5.0, minimum_exclusive=0),
-            metrics_interval=_seconds(
-                report, "metrics_interval_seconds", 1.0, minimum_exclusive=None
-            ),
+            sinks=settings.sinks,
+            heartbeat_interval=settings.heartbeat_interval,
+            flush_interval=settings.flush_interval,
+            metrics_interval=settings.metrics_interval,
         )
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -274,7 +195,7 @@ class Reporter:
         self._emit("error", message, {"code": code, **data}, "error")
 
     def log(self, message: str, level: str = "info", **data: Any) -> None:
-        self._emit("log", message, data, _level(level))
+        self._emit("log", message, data, event_level(level))
 
     def metrics(self, **values: Any) -> None:
         """Training metrics (step, total_steps, epoch, loss, lr, tokens_per_second, grad_norm,
@@ -337,7 +258,7 @@ class Reporter:
             "type": type_,
             "level": level,
             "message": str(message)[:MAX_MESSAGE_CHARS],
-            "data": _jsonable(data),
+            "data": jsonable(data),
             "ts": time.time(),
         }
         with self._lock:
@@ -361,12 +282,12 @@ class Reporter:
             return
         self._pending_metrics = None
         self._last_metrics_at = now
-        data = _jsonable(values)
+        data = jsonable(values)
         self._append_locked(
             {
                 "type": "metrics",
                 "level": "info",
-                "message": _metrics_message(data)[:MAX_MESSAGE_CHARS],
+                "message": metrics_message(data)[:MAX_MESSAGE_CHARS],
                 "data": data,
                 "ts": time.time(),
             }
@@ -401,37 +322,8 @@ class Reporter:
             channel.backlog.extend(batch)
         now = self._clock()
         for channel in self._channels:
-            if not channel.backlog or (not force and now < channel.retry_at):
-                continue
-            try:
-                while channel.backlog:
-                    chunk = [
-                        channel.backlog[i]
-                        for i in range(min(MAX_SEND_EVENTS, len(channel.backlog)))
-                    ]
-                    channel.sink.send(self.job_id, self.attempt, chunk)
-                    for _ in chunk:
-                        channel.backlog.popleft()
-            except Exception as err:
-                channel.failures += 1
-                delay = min(_BACKOFF_MAX, _BACKOFF_START * 2 ** (channel.failures - 1))
-                channel.retry_at = self._clock() + delay
-                # First failure loud, repeats quiet: a broker outage must not flood the log.
-                log.log(
-                    logging.WARNING if channel.failures == 1 else logging.DEBUG,
-                    "sending %d event(s) to %r failed (%s: %s); kept for retry",
-                    len(channel.backlog),
-                    channel.sink,
-                    type(err).__name__,
-                    err,
-                )
-            else:
-                if channel.failures:
-                    log.info(
-                        "%r delivers again after %d failure(s)", channel.sink, channel.failures
-                    )
-                channel.failures = 0
-                channel.retry_at = 0.0
+            if channel.backlog and (force or now >= channel.retry_at):
+                channel.send_backlog(self.job_id, self.attempt, self._clock)
 
     def _all_delivered(self) -> bool:
         with self._lock:
@@ -460,54 +352,3 @@ class Reporter:
                     next_flush = now + self.flush_interval
             except Exception:  # the thread must survive anything a sink does
                 log.exception("reporter background delivery failed")
-
-
-def _level(level: str) -> str:
-    norm = str(level).lower()
-    norm = _LEVEL_ALIASES.get(norm, norm)
-    if norm not in LEVELS:
-        raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
-    return norm
-
-
-def _seconds(
-    report: Mapping[str, Any], key: str, default: float, *, minimum_exclusive: float | None
-) -> float:
-    value = report.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"report.{key} must be a number of seconds (got {value!r})")
-    if value < 0 or (minimum_exclusive is not None and value <= minimum_exclusive):
-        bound = f"> {minimum_exclusive}" if minimum_exclusive is not None else ">= 0"
-        raise ValueError(f"report.{key} must be {bound} (got {value!r})")
-    return float(value)
-
-
-_SINK_TYPES = ("celery", "jsonl", "runpod")
-
-
-def _sink_from_config(cfg: object, where: str, runpod_job: Mapping[str, Any] | None) -> Sink:
-    if not isinstance(cfg, Mapping) or not isinstance(cfg.get("type"), str):
-        raise ValueError(f'{where} must be an object with a "type" ({", ".join(_SINK_TYPES)})')
-    kind = cfg["type"]
-    if kind == "celery":
-        if "broker_url" in cfg:
-            raise ValueError(
-                f"{where}.broker_url is not accepted: the executor reads CELERY_BROKER_URL from "
-                "its environment (a broker URL may hold a password; the spec is not secret)"
-            )
-        queue = cfg.get("queue", celery_conf.DEFAULT_QUEUE)
-        if not isinstance(queue, str) or not queue:
-            raise ValueError(f"{where}.queue must be a queue name")
-        return CelerySink(queue=queue)
-    if kind == "jsonl":
-        path = cfg.get("path", DEFAULT_JSONL_PATH)
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"{where}.path must be a file path")
-        return JsonlSink(path)
-    if kind == "runpod":
-        if runpod_job is None:
-            raise ValueError(f"{where}: the runpod sink works only inside the RunPod handler")
-        return RunpodSink(runpod_job)
-    raise ValueError(
-        f"{where}.type {kind!r} is not a known sink type; use one of {', '.join(_SINK_TYPES)}"
-    )
