@@ -5,9 +5,9 @@ spec.json``, the GPU node's Celery task, the RunPod handler) parses it with
 :func:`parse_job_spec`. The DRF serializers validate user input with :func:`parse_adapter` and
 :func:`parse_hyperparameters`, so the API and the executor accept exactly the same values.
 
-The JSON Schemas below are the single source of field rules (types, ranges, enums, unknown
-keys); the parse functions run them and turn the first violation into a :class:`SpecError`
-naming the dotted field path and what is allowed.
+The JSON Schemas in :mod:`gpu_worker.spec_schema` are the single source of field rules (types,
+ranges, enums, unknown keys); the parse functions here run them and turn the first violation
+into a :class:`SpecError` naming the dotted field path and what is allowed.
 
 Secrets: the spec never carries secret values. ``secrets`` maps a purpose (``hf_token``) to the
 *name* of a secret (``HF_TOKEN``) that the executor resolves from its own environment. A value
@@ -21,251 +21,58 @@ and on GPU machines that have no Django.
 from __future__ import annotations
 
 import copy
-import json
-import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import jsonschema
+from gpu_worker.spec_schema import (
+    ADAPTER_SCHEMA,
+    ADAPTER_TYPES,
+    ADAPTER_VALIDATOR,
+    ALL_LINEAR,
+    HYPERPARAMETERS_SCHEMA,
+    HYPERPARAMETERS_VALIDATOR,
+    JOB_SPEC_SCHEMA,
+    JOB_SPEC_VALIDATOR,
+    MAX_RUNTIME_LIMIT_SECONDS,
+    SPEC_VERSION,
+    SUPPORTED_SPEC_VERSIONS,
+    SpecError,
+    got,
+    validate,
+)
 
-from gpu_worker.datasets import FORMATS
+__all__ = [
+    "ADAPTER_SCHEMA",
+    "ADAPTER_TYPES",
+    "ALL_LINEAR",
+    "DEFAULT_MAX_RUNTIME_SECONDS",
+    "DEFAULT_SEED",
+    "DEFAULT_TARGET_MODULES",
+    "HYPERPARAMETERS_SCHEMA",
+    "JOB_SPEC_SCHEMA",
+    "MAX_RUNTIME_LIMIT_SECONDS",
+    "SPEC_VERSION",
+    "SUPPORTED_SPEC_VERSIONS",
+    "AdapterSpec",
+    "DatasetRef",
+    "Hyperparameters",
+    "JobSpec",
+    "Outputs",
+    "SpecError",
+    "parse_adapter",
+    "parse_hyperparameters",
+    "parse_job_spec",
+    "validate_model_name",
+]
 
-SPEC_VERSION: int = 1
-SUPPORTED_SPEC_VERSIONS: tuple[int, ...] = (SPEC_VERSION,)
-ADAPTER_TYPES = ("lora", "qlora", "dora")
 # fmt: off
 DEFAULT_TARGET_MODULES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
 )
 # fmt: on
-ALL_LINEAR = "all-linear"
-# Signed URLs are issued per attempt with a TTL covering max_runtime; S3 caps presigned URLs at 7 days.
-MAX_RUNTIME_LIMIT_SECONDS = 7 * 24 * 3600
 DEFAULT_SEED = 42
 DEFAULT_MAX_RUNTIME_SECONDS = 24 * 3600
-
-
-class SpecError(ValueError):
-    """An invalid spec field.
-
-    ``param`` is the dotted field path (``hyperparameters.learning_rate``, list items as
-    ``adapter.target_modules[2]``), or None when the whole document is wrong; ``message`` is
-    human text that says what was wrong and what is allowed.
-    """
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-# --- schemas (JSON Schema draft 2020-12) ------------------------------------------------------
-# Keyword order matters: errors are reported in schema order, so "type" and unknown keys come
-# before per-field problems. A "description" is the allowed-values text used in messages.
-# fmt: off
-
-_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
-_URL = {"type": "string", "pattern": r"^(https?|file)://\S+$", "maxLength": 16384,
-        "description": "a URL starting with http://, https:// or file://"}
-
-ADAPTER_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "type": {"enum": list(ADAPTER_TYPES)},
-        "r": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "alpha": {"type": "number", "exclusiveMinimum": 0, "maximum": 4096},
-        "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
-        "target_modules": {
-            "description": "a non-empty list (at most 64) of unique module names such as "
-                           '"q_proj", or the string "all-linear"',
-            "oneOf": [
-                {"type": "array", "minItems": 1, "maxItems": 64, "uniqueItems": True,
-                 "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_.]*$",
-                           "maxLength": 256,
-                           "description": "a module name of letters, digits, '_' and '.'"}},
-                {"const": ALL_LINEAR},
-            ],
-        },
-    },
-}
-
-HYPERPARAMETERS_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "n_epochs": {"type": "integer", "minimum": 1, "maximum": 100},
-        "batch_size": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "learning_rate": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "max_seq_length": {"type": "integer", "minimum": 32, "maximum": 131072},
-        "gradient_accumulation_steps": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "warmup_ratio": {"type": "number", "minimum": 0, "maximum": 0.5},
-        "gradient_checkpointing": {"type": "boolean"},
-    },
-}
-
-_DATASET_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["url", "sha256", "format"],
-    "properties": {
-        "url": _URL,
-        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$",
-                   "description": "64 lowercase hexadecimal characters"},
-        "format": {"enum": list(FORMATS)},
-    },
-}
-
-JOB_SPEC_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["version", "job_id", "attempt", "model", "dataset", "outputs"],
-    "properties": {
-        "version": {"type": "integer", "enum": list(SUPPORTED_SPEC_VERSIONS)},
-        "job_id": {"type": "string", "pattern": "^ftjob-[A-Za-z0-9_-]+$", "maxLength": 128,
-                   "description": "a job id starting with 'ftjob-'"},
-        "attempt": {"type": "integer", "minimum": 1},
-        "model": {"type": "string", "maxLength": 4096},  # the rest: validate_model_name
-        "dataset": _DATASET_SCHEMA,
-        # Object-only keywords are ignored for null, so one schema serves "dataset or null".
-        "validation_dataset": {**_DATASET_SCHEMA, "type": ["object", "null"]},
-        "outputs": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["artifact_url", "checkpoint_url"],
-            "properties": {
-                "artifact_url": _URL,
-                "checkpoint_url": _URL,
-                "resume_url": {**_URL, "type": ["string", "null"],
-                               "description": f"{_URL['description']}, or null"},
-            },
-        },
-        "adapter": {**ADAPTER_SCHEMA, "type": ["object", "null"]},
-        "hyperparameters": {**HYPERPARAMETERS_SCHEMA, "type": ["object", "null"]},
-        "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
-        "max_runtime_seconds": {"type": "integer", "minimum": 60,
-                                "maximum": MAX_RUNTIME_LIMIT_SECONDS},
-        "secrets": {
-            "type": "object",
-            "propertyNames": {"pattern": _NAME, "maxLength": 128,
-                              "description": "a name of letters, digits and '_'"},
-            "additionalProperties": {
-                "type": "string", "pattern": _NAME, "maxLength": 128,
-                "description": "the NAME of a secret (letters, digits and '_'), never its value",
-            },
-        },
-        "report": {"type": "object"},  # sink config, read by gpu_worker.report
-    },
-}
-
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string",
-               "object": "an object", "array": "a list", "null": "null", "boolean": "a boolean"}
-# fmt: on
-
-# NaN and infinities pass every range check (comparisons with NaN are false), so "number" means
-# a finite number here. Booleans are already not integers/numbers in jsonschema's type checker.
-_TYPE_CHECKER = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-    "number",
-    lambda _checker, v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
-)
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator, type_checker=_TYPE_CHECKER
-)
-_ADAPTER_VALIDATOR = _Validator(ADAPTER_SCHEMA)
-_HYPERPARAMETERS_VALIDATOR = _Validator(HYPERPARAMETERS_SCHEMA)
-_JOB_SPEC_VALIDATOR = _Validator(JOB_SPEC_SCHEMA)
-
-
-def _got(value: object) -> str:
-    text = json.dumps(value, default=repr) if not isinstance(value, float) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _range(schema: Mapping[str, Any]) -> str:
-    parts = [
-        f"{op} {schema[kw]}"
-        for kw, op in (
-            ("minimum", ">="),
-            ("exclusiveMinimum", ">"),
-            ("maximum", "<="),
-            ("exclusiveMaximum", "<"),
-        )
-        if kw in schema
-    ]
-    return " and ".join(parts)
-
-
-def _describe(schema: Mapping[str, Any]) -> str:
-    """What a field accepts, in words, derived from its schema."""
-    if "description" in schema:
-        return str(schema["description"])
-    if "enum" in schema:
-        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
-    types = schema.get("type", [])
-    types = [types] if isinstance(types, str) else types
-    text = " or ".join(_TYPE_WORDS[t] for t in types)
-    return f"{text} {_range(schema)}".strip()
-
-
-def _path(prefix: str, parts: Any) -> str:
-    out = prefix
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
-def _to_spec_error(err: jsonschema.ValidationError, prefix: str) -> SpecError:
-    param: str | None = _path(prefix, err.absolute_path) or None
-    kind, schema, value = err.validator, err.schema, err.instance
-    where = param or "the spec"
-    if kind == "additionalProperties" and schema.get("additionalProperties") is False:
-        known = list(schema.get("properties", {}))
-        extra = next(k for k in value if k not in known)
-        param = _path(param or "", [extra])
-        return SpecError(f"{param} is not a known field; known fields: {', '.join(known)}", param)
-    if kind == "required":
-        missing = next(k for k in schema["required"] if k not in value)
-        param = _path(param or "", [missing])
-        return SpecError(f"{param} is required", param)
-    if "propertyNames" in err.relative_schema_path:
-        param = _path(param or "", [value])
-        return SpecError(
-            f"{param} is not a valid key: {where} keys must be {_describe(schema)}", param
-        )
-    if kind == "oneOf":
-        # A list that fails is more helpful reported item by item than as "not one of".
-        branch = [
-            e for e in err.context if isinstance(value, list) and e.relative_schema_path[0] == 0
-        ]
-        if branch:
-            return _to_spec_error(branch[0], prefix)
-    if where == "secrets" or where.startswith("secrets."):
-        # Never echo a secrets value: a user who pasted a real token must not see it in logs.
-        return SpecError(f"{where} must be {_describe(schema)}", param)
-    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        return SpecError(f"{where} must be {_range(schema)} (got {_got(value)})", param)
-    if kind == "minItems":
-        return SpecError(f"{where} must not be empty", param)
-    if kind == "maxItems":
-        return SpecError(
-            f"{where} must have at most {schema['maxItems']} items (got {len(value)})", param
-        )
-    if kind == "uniqueItems":
-        return SpecError(f"{where} must not contain duplicates (got {_got(value)})", param)
-    if kind == "maxLength":
-        return SpecError(f"{where} must be at most {schema['maxLength']} characters long", param)
-    return SpecError(f"{where} must be {_describe(schema)} (got {_got(value)})", param)
-
-
-def _validate(validator: Any, data: object, prefix: str) -> dict[str, Any]:
-    for err in validator.iter_errors(data):
-        raise _to_spec_error(err, prefix)
-    return cast(dict[str, Any], data)  # the schemas require an object
 
 
 # --- dataclasses ----------------------------------------------------------------------------
@@ -396,7 +203,7 @@ def parse_adapter(data: object) -> AdapterSpec:
 
     Raises SpecError with ``param='adapter.<field>'``.
     """
-    data = _validate(_ADAPTER_VALIDATOR, {} if data is None else data, "adapter")
+    data = validate(ADAPTER_VALIDATOR, {} if data is None else data, "adapter")
     d = AdapterSpec()
     modules = data.get("target_modules", d.target_modules)
     return AdapterSpec(
@@ -413,7 +220,7 @@ def parse_hyperparameters(data: object) -> Hyperparameters:
 
     Raises SpecError with ``param='hyperparameters.<field>'``.
     """
-    data = _validate(_HYPERPARAMETERS_VALIDATOR, {} if data is None else data, "hyperparameters")
+    data = validate(HYPERPARAMETERS_VALIDATOR, {} if data is None else data, "hyperparameters")
     # JSON Schema counts 3.0 as an integer; store it as one so the trainer gets real ints.
     ints = {k for k, s in HYPERPARAMETERS_SCHEMA["properties"].items() if s["type"] == "integer"}
     return Hyperparameters(**{k: int(v) if k in ints else v for k, v in data.items()})
@@ -432,12 +239,12 @@ def validate_model_name(name: object) -> str:
     model exists is checked by the executor, not here. Raises SpecError(param='model').
     """
     if not isinstance(name, str) or not name.strip():
-        raise SpecError(f"model must be a non-empty string (got {_got(name)})", "model")
+        raise SpecError(f"model must be a non-empty string (got {got(name)})", "model")
     name = name.strip()
     if name.startswith("/"):
         if ".." in name.split("/") or _PATH_FORBIDDEN.search(name) or len(name) > 4096:
             raise SpecError(
-                f"model path {_got(name)} must be an absolute path without '..' components, "
+                f"model path {got(name)} must be an absolute path without '..' components, "
                 "whitespace or control characters",
                 "model",
             )
@@ -445,7 +252,7 @@ def validate_model_name(name: object) -> str:
     parts = name.split("/")
     if len(parts) != 2 or not all(_HUB_PART.match(p) and ".." not in p for p in parts):
         raise SpecError(
-            f"model {_got(name)} must be a hub id 'owner/name' (letters, digits, '.', '_', '-'; "
+            f"model {got(name)} must be a hub id 'owner/name' (letters, digits, '.', '_', '-'; "
             "each part at most 96 characters, not starting with '.' or '-', no '..') "
             "or an absolute local path",
             "model",
@@ -469,11 +276,11 @@ def parse_job_spec(data: object) -> JobSpec:
         if isinstance(v, bool) or not isinstance(v, int) or v not in SUPPORTED_SPEC_VERSIONS:
             supported = ", ".join(map(str, SUPPORTED_SPEC_VERSIONS))
             raise SpecError(
-                f"version {_got(v)} is not supported; this executor supports spec version(s) "
+                f"version {got(v)} is not supported; this executor supports spec version(s) "
                 f"{supported}; upgrade the executor or the control plane so they match",
                 "version",
             )
-    data = _validate(_JOB_SPEC_VALIDATOR, data, "")
+    data = validate(JOB_SPEC_VALIDATOR, data, "")
     validation = data.get("validation_dataset")
     out = data["outputs"]
     return JobSpec(
