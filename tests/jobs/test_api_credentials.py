@@ -157,7 +157,11 @@ def test_delete_malformed_id_is_404(api, bad_id: str) -> None:
 
 
 def test_cloud_target_needs_a_credential(api, make_file) -> None:
-    registry.register(registry.Target("fakecloud", "test cloud", credential_kind="runpod"))
+    registry.register(
+        registry.Target(
+            "fakecloud", "test cloud", registry.TargetKind.OWN_FLEET, credential_kind="runpod"
+        )
+    )
     try:
         body = {
             "model": "acme/tiny-llama",

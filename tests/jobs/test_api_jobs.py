@@ -314,9 +314,9 @@ def test_concurrent_job_limit(api, project, processed_file) -> None:
 @pytest.fixture
 def no_broker(monkeypatch):
     """Transactional tests commit for real, so on_commit hooks run: keep them off the broker."""
-    from jobs.services import files
+    from jobs.services import messages
 
-    monkeypatch.setattr(files, "_send_validate", lambda file_pk: None)
+    monkeypatch.setattr(messages, "send_validate_file", lambda file_pk: None)
 
 
 def _concurrently(*calls):
@@ -371,7 +371,9 @@ def test_concurrent_creates_respect_the_job_limit(
 
 @pytest.fixture
 def lab_target():
-    registry.register(registry.Target("lab", "A second fleet, for filter tests."))
+    registry.register(
+        registry.Target("lab", "A second fleet, for filter tests.", registry.TargetKind.OWN_FLEET)
+    )
     yield "lab"
     registry.unregister("lab")
 

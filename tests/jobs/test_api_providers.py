@@ -78,9 +78,9 @@ def test_a_key_the_provider_refuses_is_reported_per_provider(
 
 
 def test_the_operators_key_counts_where_the_project_may_use_it(
-    api, project, priced, monkeypatch
+    api, project, priced, settings
 ) -> None:
-    monkeypatch.setenv("VASTAI_API_KEY", SECRET)
+    settings.TRAINHUB_OPERATOR_API_KEYS = {"vastai": SECRET}
     project.operator_credential_providers = ["vastai"]
     project.save()
     fake = entry(assert_list(api.get(URL)), "priced-cloud")

@@ -13,7 +13,8 @@ from django.utils import timezone
 from gpu_worker import celery_conf as cc
 from jobs import storage, tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import cloud, launch
+from jobs.services import launch, polling, reconcile, stopping
+from jobs.services.attempts import machine_name
 from jobs.services.jobs import job_cancel
 from jobs.services.projects import credential_create
 from jobs.states import JobStatus
@@ -46,7 +47,7 @@ def poll_due(target: str = "fake-cloud") -> None:
 
 def launched(make_job, **fields) -> tuple[TrainingJob, JobAttempt]:
     job = make_job(target=fields.pop("target", "fake-cloud"), **fields)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     return job, JobAttempt.objects.get(job=job, ended_at__isnull=True)
 
 
@@ -59,13 +60,13 @@ def fresh(obj):
 
 
 def test_the_projects_newest_credential_is_used_then_the_operators(
-    keyed_cloud, make_job, project, monkeypatch, sent
+    keyed_cloud, make_job, project, settings, sent
 ) -> None:
-    monkeypatch.setenv("RUNPOD_API_KEY", "rp-operator")
+    settings.TRAINHUB_OPERATOR_API_KEYS = {"runpod": "rp-operator"}
     project.operator_credential_providers = ["runpod"]
     project.save()
     job = make_job(target="keyed-cloud")  # accepted on the operator's key alone
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     assert keyed_cloud.secrets_seen[-1] == {"api_key": "rp-operator"}
 
     credential_create(project=project, provider="runpod", name="old", secrets={"api_key": "k1"})
@@ -107,22 +108,23 @@ def test_no_capacity_requeues_and_rejected_credentials_fail(
 ) -> None:
     fake_cloud.launch_error = NoCapacity("no H100 in any data centre")
     job = make_job(target="fake-cloud")
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     assert fresh(job).status == S.QUEUED
     assert JobAttempt.objects.get(job=job).end_reason == "no_capacity"
 
     fake_cloud.launch_error = InvalidCredentials("HTTP 401: invalid api key")
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     job.refresh_from_db()
     assert (job.status, job.error_code) == (S.FAILED, "provider_error")
     assert "refused the project's credential" in job.error_message
 
 
 def test_a_launch_that_surely_did_not_happen_is_retried_with_backoff(
-    fake_cloud, make_job, sent
+    fake_cloud, make_job, sent, django_capture_on_commit_callbacks
 ) -> None:
     fake_cloud.launch_error = RateLimited("HTTP 429", retry_after=42)
-    job, attempt = launched(make_job)
+    with django_capture_on_commit_callbacks(execute=True):  # the task's work commits
+        job, attempt = launched(make_job)
     assert sent.named(cc.PROVISION_ATTEMPT) == [[attempt.pk, 1]]
     assert fresh(job).status == S.PROVISIONING and attempt.provider_instance_id == ""
 
@@ -141,10 +143,11 @@ def test_retries_stop_after_the_backoff_schedule(fake_cloud, make_job, sent) -> 
 
 
 def test_an_unconfirmed_launch_is_checked_before_submitting_again(
-    fake_cloud, make_job, sent
+    fake_cloud, make_job, sent, django_capture_on_commit_callbacks
 ) -> None:
     fake_cloud.launch_error = TransientProviderError("HTTP 502 after sending", maybe_applied=True)
-    job, attempt = launched(make_job)
+    with django_capture_on_commit_callbacks(execute=True):  # the task's work commits
+        job, attempt = launched(make_job)
 
     assert fresh(attempt).launch_unconfirmed_at is not None
     assert sent.named(cc.PROVISION_ATTEMPT) == [[attempt.pk, 1]]
@@ -201,10 +204,10 @@ def test_polls_take_the_least_recently_polled_attempts_within_the_budget(
         ]
         running, pending = fresh(attempts[1]), fresh(attempts[2])
         assert running.next_poll_at - timezone.now() == pytest.approx(
-            timedelta(seconds=cloud.POLL_EVERY[RemoteStatus.RUNNING]), abs=timedelta(seconds=3)
+            timedelta(seconds=polling.POLL_EVERY[RemoteStatus.RUNNING]), abs=timedelta(seconds=3)
         )
         assert pending.next_poll_at - timezone.now() == pytest.approx(
-            timedelta(seconds=cloud.POLL_EVERY[RemoteStatus.PENDING]), abs=timedelta(seconds=3)
+            timedelta(seconds=polling.POLL_EVERY[RemoteStatus.PENDING]), abs=timedelta(seconds=3)
         )
         tasks.poll_target("small-budget")  # only the overdue one is left
         assert [h.instance_id for h in fake.polls[-1]] == [attempts[0].provider_instance_id]
@@ -256,7 +259,7 @@ def test_a_cancel_racing_completion_ends_in_exactly_one_terminal_state(
         job_cancel(job=fresh(job))
     # The run finished at the provider before the cancel reached it.
     fake_cloud.set_state(attempt.provider_instance_id, RemoteStatus.SUCCEEDED)
-    tasks.cancel_job(job.pk)
+    tasks.stop_machines(job.pk)
     fake_cloud.set_state(attempt.provider_instance_id, RemoteStatus.SUCCEEDED)
     poll_due()
 
@@ -279,13 +282,13 @@ def test_a_stop_the_provider_did_not_confirm_is_sent_again(
     job, attempt = launched(make_job)
     with django_capture_on_commit_callbacks(execute=True):
         job_cancel(job=fresh(job))
-    tasks.cancel_job(job.pk)
+    tasks.stop_machines(job.pk)
     # The provider ignored the stop: the machine still runs.
     fake_cloud.set_state(attempt.provider_instance_id, RemoteStatus.RUNNING)
     poll_due()
     assert len(fake_cloud.cancels) == 1, "not re-sent within the resend interval"
     JobAttempt.objects.filter(pk=attempt.pk).update(
-        stop_requested_at=timezone.now() - timedelta(seconds=cloud.STOP_RESEND_SECONDS + 1)
+        stop_requested_at=timezone.now() - timedelta(seconds=stopping.STOP_RESEND_SECONDS + 1)
     )
     poll_due()
     assert len(fake_cloud.cancels) == 2
@@ -295,13 +298,16 @@ def test_a_stop_the_provider_did_not_confirm_is_sent_again(
 # --- webhook ----------------------------------------------------------------------------------
 
 
-def test_the_webhook_polls_its_attempt_at_once(fake_cloud, make_job, client, sent) -> None:
+def test_the_webhook_polls_its_attempt_at_once(
+    fake_cloud, make_job, client, sent, django_capture_on_commit_callbacks
+) -> None:
     job, attempt = launched(make_job)
     request = fake_cloud.launches[-1]
     assert request.webhook_url.startswith("http://127.0.0.1:8000/api/v1/webhooks/provider/")
 
     path = request.webhook_url.removeprefix("http://127.0.0.1:8000")
-    response = client.post(path, {"id": "anything", "status": "COMPLETED"}, format="json")
+    with django_capture_on_commit_callbacks(execute=True):  # the request commits
+        response = client.post(path, {"id": "anything", "status": "COMPLETED"}, format="json")
     assert response.status_code == 200
     assert sent.named(cc.POLL_ATTEMPT) == [[attempt.pk]]
 
@@ -332,9 +338,9 @@ def test_the_reconciler_terminates_only_machines_no_live_attempt_owns(
 
     flight = attempt_start(job=flight_job, target="fake-cloud")
     fake_cloud.states["in-flight"] = fake_cloud.states[live.provider_instance_id]
-    fake_cloud.names["in-flight"] = cloud.machine_name(flight)
+    fake_cloud.names["in-flight"] = machine_name(flight)
 
-    assert cloud.providers_reconcile() == 2
+    assert reconcile.providers_reconcile() == 2
 
     assert sorted(fake_cloud.cancelled_ids) == sorted([ended.provider_instance_id, "stranger"])
     note = JobEvent.objects.filter(job=ended_job, message__startswith="Reconciler").get()
@@ -351,8 +357,8 @@ def test_a_succeeded_attempts_machine_stops_billing_too(
     job, attempt = launched(make_job)
     with django_capture_on_commit_callbacks(execute=True):
         attempt_end(attempt=fresh(attempt), reason=EndReason.SUCCEEDED, message="adapter verified")
-    assert sent.named(cc.CANCEL_JOB) == [[job.pk]]
-    tasks.cancel_job(job.pk)
+    assert sent.named(cc.STOP_MACHINES) == [[job.pk]]
+    tasks.stop_machines(job.pk)
     assert fake_cloud.cancelled_ids == [attempt.provider_instance_id]
-    tasks.cancel_job(job.pk)  # an ended attempt whose stop was sent is not asked again
+    tasks.stop_machines(job.pk)  # an ended attempt whose stop was sent is not asked again
     assert len(fake_cloud.cancels) == 1

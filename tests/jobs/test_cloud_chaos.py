@@ -20,7 +20,7 @@ import pytest
 from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import cloud
+from jobs.services import reconcile
 from jobs.services.jobs import job_cancel
 from jobs.services.projects import credential_create
 from jobs.states import TERMINAL
@@ -33,9 +33,9 @@ JOBS = 50
 DEADLINE_SECONDS = 240
 
 TASKS = {
-    cc.SUBMIT_ATTEMPT: tasks.submit_attempt,
+    cc.PLACE_JOB: tasks.place_job,
     cc.PROVISION_ATTEMPT: tasks.provision_attempt,
-    cc.CANCEL_JOB: tasks.cancel_job,
+    cc.STOP_MACHINES: tasks.stop_machines,
     cc.POLL_ATTEMPT: tasks.poll_attempt,
 }
 
@@ -93,7 +93,7 @@ def test_fifty_pod_jobs_under_30_percent_failures_all_end_and_leave_no_pod(
         tasks.place_waiting()  # what beat does: jobs whose offers could not be listed
         tick += 1
         if tick % 5 == 0:
-            cloud.providers_reconcile()
+            reconcile.providers_reconcile()
         done = not TrainingJob.objects.exclude(status__in=TERMINAL).exists()
         if done and not sent.calls and not chaotic_runpod.live_pods():
             break

@@ -27,7 +27,7 @@ import responses
 
 from jobs import tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import cloud, offers, remote
+from jobs.services import offers, reconcile, remote
 from jobs.services.attempts import attempt_end, attempt_start, machine_name
 from jobs.services.projects import credential_create
 from jobs.states import EndReason, JobStatus
@@ -67,8 +67,7 @@ def remote_root(settings, tmp_path: Path, monkeypatch) -> Path:
     settings.TRAINHUB_REMOTE_DIR = str(root)
     settings.TRAINHUB_REMOTE_PYTHON = sys.executable
     settings.TRAINHUB_REMOTE_SETUP = ""
-    for kind in KEYS:  # only the project's own credentials are used
-        monkeypatch.delenv(f"{kind.upper()}_API_KEY", raising=False)
+    settings.TRAINHUB_OPERATOR_API_KEYS = {}  # only the project's own credentials are used
     return root
 
 
@@ -173,7 +172,7 @@ def test_a_vast_machine_gets_the_executor_over_ssh_and_its_events_reach_the_job(
     http.post(f"{VAST}/instances/{MACHINE_A}/ssh/", json={"success": True})
 
     job = make_job(target="vastai", gpu={"count": 1, "min_vram_gb": 24})
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     attempt = live_attempt(job)
     assert attempt.provider_instance_id == str(MACHINE_A)
@@ -242,7 +241,7 @@ def test_a_lambda_machine_gets_the_attempts_key_and_the_executor_over_ssh(
     )
 
     job = make_job(target="lambda", gpu={"count": 1})
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     attempt = live_attempt(job)
     assert attempt.provider_instance_id == LAMBDA_INSTANCE
@@ -347,7 +346,7 @@ def test_the_reconciler_terminates_exactly_the_orphans_at_each_provider(
     http.add(responses.DELETE, url_pattern(VAST, r"/instances/\d+/"), json={"success": True})
 
     started = time.monotonic()
-    terminated = cloud.providers_reconcile()
+    terminated = reconcile.providers_reconcile()
     took = time.monotonic() - started
 
     assert terminated == 6
@@ -463,7 +462,7 @@ def test_a_vast_create_that_fails_but_left_an_instance_destroys_it(
     account = VastAccount(http, {OFFER_A: refusal, OFFER_B: (200, vp.created(MACHINE_B))})
 
     job = make_job(target="vastai", gpu={"count": 1, "min_vram_gb": 24}, max_attempts=1)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     destroyed = [c.request.url for c in calls(http, "DELETE")]
     assert destroyed == [f"{VAST}/instances/{MACHINE_A}/"], "the leaked instance, once"

@@ -20,9 +20,9 @@ from gpu_worker import celery_conf as cc
 from gpu_worker.spec import parse_job_spec
 from jobs import storage
 from jobs.errors import InvalidRequest
+from jobs.gpu_needs import misfit, parse_gpu
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
-from jobs.placement import misfit, parse_gpu
-from jobs.services import dispatch, nodes
+from jobs.services import dispatch, nodes, specs
 from jobs.services.attempts import (
     attempt_end,
     attempt_record_events,
@@ -658,7 +658,7 @@ def test_the_spec_resumes_from_the_jobs_checkpoint_once_it_exists(placed) -> Non
     key = storage.checkpoint_key(job.project_id, job.public_id)
     storage.save_stream(key, [b"a checkpoint bundle"])
 
-    spec = parse_job_spec(dispatch.attempt_spec(placed.attempt))
+    spec = parse_job_spec(specs.attempt_spec(placed.attempt))
 
     assert spec.outputs.resume_url is not None
     assert (_grant(spec.outputs.resume_url)["key"], _grant(spec.outputs.resume_url)["method"]) == (
@@ -842,11 +842,14 @@ def test_the_node_confirming_the_cancel_frees_it(claimed, broadcasts) -> None:
     assert (node.status, node.current_attempt_id) == (N.IDLE, None)
 
 
-def test_resend_cancels_repeats_the_stop_until_the_job_is_cancelled(claimed, broadcasts) -> None:
+def test_resend_cancels_repeats_the_stop_until_the_job_is_cancelled(
+    claimed, broadcasts, django_capture_on_commit_callbacks
+) -> None:
     job_cancel(job=claimed.job)
     broadcasts.calls.clear()
 
-    assert dispatch.attempts_resend_cancels() == 1
+    with django_capture_on_commit_callbacks(execute=True):  # beat's tick commits
+        assert dispatch.attempts_resend_cancels() == 1
     assert broadcasts.calls == [
         {
             "command": cc.CANCEL_ATTEMPT_COMMAND,
@@ -923,7 +926,7 @@ def test_after_rotation_events_with_the_old_token_are_dropped(placed) -> None:
 
 
 def test_resend_unclaimed_sends_only_old_unclaimed_live_local_attempts(
-    make_job, dispatch_now, sent, settings, broadcasts
+    make_job, dispatch_now, sent, settings, broadcasts, django_capture_on_commit_callbacks
 ) -> None:
     settings.TRAINHUB_DISPATCH_RESEND_SECONDS = 30
     for name in ("a-old", "b-fresh", "c-claimed", "d-ended"):
@@ -943,7 +946,8 @@ def test_resend_unclaimed_sends_only_old_unclaimed_live_local_attempts(
     _backdate(by_node["b-fresh"], 25)
     sent.clear()
 
-    assert dispatch.attempts_resend_unclaimed() == 1
+    with django_capture_on_commit_callbacks(execute=True):  # beat's tick commits
+        assert dispatch.attempts_resend_unclaimed() == 1
 
     [(queue, message)] = _run_messages(sent)
     assert queue == "gpu.node.a-old"

@@ -16,7 +16,7 @@ from jobs import tasks
 from jobs.errors import InvalidRequest
 from jobs.locks import redis_client
 from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
-from jobs.services import nodes, offers, placing
+from jobs.services import nodes, offers, placement
 from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import RemoteStatus
@@ -59,7 +59,7 @@ def test_auto_takes_an_idle_own_node_that_fits_before_any_cloud(clouds, make_job
     clouds["cheap-cloud"].add_offer("c1", 0.10)
     node = idle_node()
     job = make_job(target="auto", gpu={"count": 1, "min_vram_gb": 40})
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     attempt = live_attempt(job)
     assert (attempt.target, attempt.node_name) == ("local", node.name)
@@ -75,7 +75,7 @@ def test_auto_skips_an_own_node_that_does_not_fit_and_rents_the_cheapest_offer(
     clouds["cheap-cloud"].add_offer("c-big", 0.50)
     clouds["cheap-cloud"].add_offer("c-small", 0.20, vram_gb=16)
     job = make_job(target="auto", gpu={"count": 1, "min_vram_gb": 24})
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     attempt = live_attempt(job)
     assert attempt.target == "cheap-cloud" and attempt.offer["offer_id"] == "c-big"
@@ -93,7 +93,7 @@ def test_an_explicit_priced_target_only_rents_its_own_offers(clouds, make_job) -
     clouds["cheap-cloud"].add_offer("c1", 0.10)
     clouds["dear-cloud"].add_offer("d1", 0.90)
     job = make_job(target="dear-cloud")
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     assert live_attempt(job).offer["offer_id"] == "d1"
     assert clouds["cheap-cloud"].offer_queries == []
 
@@ -104,7 +104,7 @@ def test_offers_over_the_jobs_cap_are_skipped_and_the_job_waits_saying_why(
     clouds["cheap-cloud"].add_offer("c1", 1.20)
     clouds["dear-cloud"].add_offer("d1", 2.40)
     job = make_job(target="auto", max_price_per_hour=1.0)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     job.refresh_from_db()
     assert job.status == S.QUEUED and not job.attempts.exists()
@@ -114,7 +114,7 @@ def test_offers_over_the_jobs_cap_are_skipped_and_the_job_waits_saying_why(
     # The beat places it once an offer under the cap appears (and the cache has expired).
     clouds["dear-cloud"].add_offer("d2", 0.95)
     redis_client().delete(*redis_client().keys("trainhub:offers:dear-cloud:*"))
-    assert placing.jobs_place_waiting() == 1
+    assert placement.jobs_place_waiting() == 1
     assert live_attempt(job).offer["offer_id"] == "d2"
 
 
@@ -122,7 +122,7 @@ def test_a_waiting_reason_is_recorded_once_while_nothing_changes(clouds, make_jo
     clouds["cheap-cloud"].add_offer("c1", 5.0)
     job = make_job(target="cheap-cloud", max_price_per_hour=1)
     for _ in range(3):
-        tasks.submit_attempt(job.pk)
+        tasks.place_job(job.pk)
     waits = [m for m in messages(job) if m.startswith("No offer can take this job now")]
     assert len(waits) == 1
 
@@ -132,15 +132,15 @@ def test_no_capacity_on_one_offer_tries_the_next_within_the_same_attempt(clouds,
     clouds["dear-cloud"].add_offer("d1", 0.30)
     clouds["cheap-cloud"].full.add("c1")
     job = make_job(target="auto")
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     attempt = live_attempt(job)
     assert attempt.number == 1 and attempt.target == "dear-cloud"
     assert attempt.offer["offer_id"] == "d1" and attempt.provider_instance_id
     assert [r.offer.offer_id for r in clouds["cheap-cloud"].launches] == ["c1"]
     # The refusal is remembered: the next placement does not ask c1 again.
-    plan = placing.job_plan(TrainingJob.objects.get(pk=job.pk))
-    assert [why for o, why in plan.skipped if o.offer_id == "c1"] == [
+    plan = placement.job_plan(TrainingJob.objects.get(pk=job.pk))
+    assert [str(why) for o, why in plan.skipped if o.offer_id == "c1"] == [
         "refused lately (no capacity: offer c1 has no machine free)"
     ]
 
@@ -151,7 +151,7 @@ def test_when_every_offer_refuses_the_attempt_ends_no_capacity_naming_them(
     clouds["cheap-cloud"].add_offer("c1", 0.10)
     clouds["cheap-cloud"].full.add("c1")
     job = make_job(target="cheap-cloud", max_attempts=1)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
 
     job.refresh_from_db()
     attempt = job.attempts.get()
@@ -165,17 +165,17 @@ def test_a_machine_that_failed_an_attempt_is_not_rented_again_for_the_job(clouds
     cloud.add_offer("ask-2", 0.12, machine_id="host-7")
     cloud.add_offer("ask-3", 0.40, machine_id="host-9")
     job = make_job(target="cheap-cloud", max_attempts=3)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     first = live_attempt(job)
     cloud.set_state(first.provider_instance_id, RemoteStatus.LOST, "the host went offline")
     JobAttempt.objects.update(next_poll_at=None)
     tasks.poll_target("cheap-cloud")  # lost → requeued
-    tasks.submit_attempt(job.pk)  # what the requeue sent
+    tasks.place_job(job.pk)  # what the requeue sent
 
     second = live_attempt(job)
     assert second.number == 2 and second.offer["offer_id"] == "ask-3"
-    plan = placing.job_plan(TrainingJob.objects.get(pk=job.pk))
-    assert {o.offer_id: why for o, why in plan.skipped}["ask-2"] == (
+    plan = placement.job_plan(TrainingJob.objects.get(pk=job.pk))
+    assert {o.offer_id: str(why) for o, why in plan.skipped}["ask-2"] == (
         "its machine failed attempt 1 of this job"
     )
 
@@ -185,11 +185,11 @@ def test_the_projects_spend_ceiling_counts_its_live_machines(clouds, make_job, p
     project.save()
     clouds["cheap-cloud"].add_offer("c1", 0.60)
     first = make_job(target="cheap-cloud")
-    tasks.submit_attempt(first.pk)
+    tasks.place_job(first.pk)
     assert live_attempt(first).offer["offer_id"] == "c1"
 
     second = make_job(target="cheap-cloud")
-    tasks.submit_attempt(second.pk)
+    tasks.place_job(second.pk)
     second.refresh_from_db()
     assert second.status == S.QUEUED and not second.attempts.exists()
     assert "would exceed its ceiling of $1.00/h" in second.waiting_reason
@@ -204,7 +204,7 @@ def test_a_provider_that_cannot_list_offers_is_reported_and_the_others_still_pla
     monkeypatch.setattr(clouds["dear-cloud"], "offers", broken)
     clouds["cheap-cloud"].add_offer("c1", 0.50)
     job = make_job(target="auto")
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     assert live_attempt(job).target == "cheap-cloud"
     event = next(e for e in job.events.all() if e.message.startswith("Placement:"))
     assert event.data["unusable"] == [
@@ -216,8 +216,8 @@ def test_offers_are_cached_briefly_per_account(clouds, make_job, project) -> Non
     cloud = clouds["cheap-cloud"]
     cloud.add_offer("c1", 5.0)
     job = make_job(target="cheap-cloud", max_price_per_hour=1)
-    tasks.submit_attempt(job.pk)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
+    tasks.place_job(job.pk)
     assert len(cloud.offer_queries) == 1
     target = registry.get("cheap-cloud")
     assert offers.target_offers(project=project, target=target, gpu={}) == cloud.offer_list
@@ -235,7 +235,7 @@ def test_a_billed_rate_over_the_cap_terminates_the_machine_and_tries_elsewhere(
     cloud.add_offer("c1", 0.80)
     cloud.add_offer("c2", 0.90)
     job = make_job(target="cheap-cloud", max_price_per_hour=1.0, max_attempts=2)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     first = live_attempt(job)
     cloud.set_state(first.provider_instance_id, RemoteStatus.RUNNING, "up", price_per_hour=1.35)
     JobAttempt.objects.update(next_poll_at=None)
@@ -245,8 +245,8 @@ def test_a_billed_rate_over_the_cap_terminates_the_machine_and_tries_elsewhere(
     assert first.end_reason == EndReason.PRICE_CAP_EXCEEDED
     assert first.billed_rate_per_hour == Decimal("1.3500")
     assert any("bills $1.3500/h, above the job's max_price_per_hour" in m for m in messages(job))
-    tasks.cancel_job(job.pk)  # what the attempt's end sent, and then its requeue
-    tasks.submit_attempt(job.pk)
+    tasks.stop_machines(job.pk)  # what the attempt's end sent, and then its requeue
+    tasks.place_job(job.pk)
     assert first.provider_instance_id in cloud.cancelled_ids
     second = live_attempt(job)
     assert second.offer["offer_id"] == "c2", "the offer that overbilled is not taken again"
@@ -258,7 +258,7 @@ def test_a_rate_under_the_cap_is_recorded_and_cost_is_rate_times_time_rented(
     cloud = clouds["cheap-cloud"]
     cloud.add_offer("c1", 2.0)
     job = make_job(target="cheap-cloud", max_price_per_hour=3, max_runtime_seconds=7200)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     attempt = live_attempt(job)
     assert attempt.estimated_cost == Decimal("4.0000")  # $2/h quoted x 2 h max runtime
     cloud.set_state(attempt.provider_instance_id, RemoteStatus.RUNNING, "up", price_per_hour=2.4)
@@ -326,5 +326,5 @@ def test_a_queued_auto_job_is_sent_to_placement(
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
         job = make_job(target="auto", gpu={"count": 1})
-    assert sent.named(cc.SUBMIT_ATTEMPT) == [[job.pk]]
+    assert sent.named(cc.PLACE_JOB) == [[job.pk]]
     assert JobEvent.objects.filter(job=job).exists()

@@ -372,7 +372,7 @@ def test_cancel_with_a_live_attempt_waits_for_the_executor(
     with django_capture_on_commit_callbacks(execute=True):
         job_cancel(job=job)
     assert _fresh(job).status == S.CANCELLING, "not cancelled until the stop is confirmed"
-    assert sent.named(cc.CANCEL_JOB) == [[job.pk]]
+    assert sent.named(cc.STOP_MACHINES) == [[job.pk]]
 
     # A late progress report does not undo the cancel.
     attempt_record_events(job_id=job.public_id, attempt_number=1, events=[_status("running", 1)])

@@ -51,14 +51,14 @@ def cloud_job(fake_cloud, make_job, django_capture_on_commit_callbacks, sent) ->
     with django_capture_on_commit_callbacks(execute=True):
         job = make_job(target="fake-cloud")
     assert job.status == S.QUEUED
-    assert sent.named(cc.SUBMIT_ATTEMPT) == [[job.pk]]
+    assert sent.named(cc.PLACE_JOB) == [[job.pk]]
     sent.clear()
     return job
 
 
 @pytest.fixture
 def launched(cloud_job, fake_cloud) -> tuple[TrainingJob, JobAttempt]:
-    tasks.submit_attempt(cloud_job.pk)
+    tasks.place_job(cloud_job.pk)
     return _fresh(cloud_job), JobAttempt.objects.get(job=cloud_job, number=1)
 
 
@@ -66,7 +66,7 @@ def launched(cloud_job, fake_cloud) -> tuple[TrainingJob, JobAttempt]:
 
 
 def test_submit_launches_a_named_machine_and_stores_its_id(cloud_job, fake_cloud) -> None:
-    tasks.submit_attempt(cloud_job.pk)
+    tasks.place_job(cloud_job.pk)
 
     [request] = fake_cloud.launches
     assert request.name == f"trainhub-{cloud_job.public_id}-a1"
@@ -78,7 +78,7 @@ def test_submit_launches_a_named_machine_and_stores_its_id(cloud_job, fake_cloud
     assert _fresh(cloud_job).status == S.PROVISIONING
 
     # A redelivered SUBMIT_ATTEMPT must not rent a second machine.
-    tasks.submit_attempt(cloud_job.pk)
+    tasks.place_job(cloud_job.pk)
     assert len(fake_cloud.launches) == 1
     assert JobAttempt.objects.filter(job=cloud_job).count() == 1
 
@@ -128,14 +128,14 @@ def test_poll_lost_requeues_and_stops_only_the_lost_machine(
     first.refresh_from_db()
     assert first.end_reason == "worker_lost" and first.ended_at is not None
     assert _fresh(job).status == S.QUEUED
-    assert sent.named(cc.SUBMIT_ATTEMPT) == [[job.pk]]
-    assert sent.named(cc.CANCEL_JOB) == [[job.pk]], "the lost machine is terminated"
+    assert sent.named(cc.PLACE_JOB) == [[job.pk]]
+    assert sent.named(cc.STOP_MACHINES) == [[job.pk]], "the lost machine is terminated"
 
     # The broker may run the two follow-ups in either order; here the relaunch wins.
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     second = JobAttempt.objects.get(job=job, number=2)
     assert fake_cloud.launches[-1].name == f"trainhub-{job.public_id}-a2"
-    tasks.cancel_job(job.pk)
+    tasks.stop_machines(job.pk)
 
     assert fake_cloud.cancelled_ids == [first.provider_instance_id]
     assert _fresh(second).ended_at is None, "the stop of attempt 1 leaves attempt 2 running"
@@ -152,7 +152,7 @@ def test_instance_missing_from_the_poll_counts_as_lost(launched, fake_cloud, sen
 
 def test_lost_on_the_last_attempt_fails_the_job(fake_cloud, make_job, sent) -> None:
     job = make_job(target="fake-cloud", max_attempts=1)
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     fake_cloud.set_state("fake-cloud-i1", RemoteStatus.LOST)
     poll_due()
     job.refresh_from_db()
@@ -165,7 +165,7 @@ def test_poll_succeeded_and_failed_reports(
 ) -> None:
     ok, bad = make_job(target="fake-cloud"), make_job(target="fake-cloud")
     for job in (ok, bad):
-        tasks.submit_attempt(job.pk)
+        tasks.place_job(job.pk)
         JobAttempt.objects.filter(job=job).update(started_at=timezone.now())
     fake_cloud.set_state("fake-cloud-i1", RemoteStatus.RUNNING)
     fake_cloud.set_state("fake-cloud-i2", RemoteStatus.RUNNING)
@@ -184,8 +184,8 @@ def test_poll_succeeded_and_failed_reports(
     bad.refresh_from_db()
     assert (bad.status, bad.error_code) == (S.FAILED, "oom")
     assert "CUDA out of memory" in bad.error_message
-    assert sent.named(cc.CANCEL_JOB) == [[bad.pk]], "a failed attempt's machine stops billing"
-    tasks.cancel_job(bad.pk)
+    assert sent.named(cc.STOP_MACHINES) == [[bad.pk]], "a failed attempt's machine stops billing"
+    tasks.stop_machines(bad.pk)
     assert fake_cloud.cancelled_ids == ["fake-cloud-i2"]
 
 
@@ -196,9 +196,9 @@ def test_cancel_stops_the_machine_and_cancels_the_job(
     with django_capture_on_commit_callbacks(execute=True):
         job_cancel(job=job)
     assert _fresh(job).status == S.CANCELLING
-    assert sent.named(cc.CANCEL_JOB) == [[job.pk]]
+    assert sent.named(cc.STOP_MACHINES) == [[job.pk]]
 
-    tasks.cancel_job(job.pk)
+    tasks.stop_machines(job.pk)
 
     assert fake_cloud.cancelled_ids == [attempt.provider_instance_id]
     assert fake_cloud.cancels[0].name == f"trainhub-{job.public_id}-a1"
@@ -211,7 +211,7 @@ def test_cancel_stops_the_machine_and_cancels_the_job(
     assert attempt.end_reason == "cancelled" and attempt.ended_at is not None
     job.refresh_from_db()
     assert job.status == S.CANCELLED and job.finished_at is not None
-    tasks.cancel_job(job.pk)  # a repeat is harmless (cancel is idempotent)
+    tasks.stop_machines(job.pk)  # a repeat is harmless (cancel is idempotent)
     assert _fresh(job).status == S.CANCELLED
 
 
@@ -227,16 +227,16 @@ def test_cancel_while_the_launch_is_in_flight_still_stops_the_machine(
         # The user cancels before the provider call returns, and another worker runs that
         # stop at once: the attempt has no instance id yet, so it has nothing to terminate.
         job_cancel(job=TrainingJob.objects.get(pk=job.pk))
-        assert sent.named(cc.CANCEL_JOB) == [[job.pk]]
-        tasks.cancel_job(job.pk)
+        assert sent.named(cc.STOP_MACHINES) == [[job.pk]]
+        tasks.stop_machines(job.pk)
         sent.clear()
 
     fake_cloud.on_launch = cancel_meanwhile
-    tasks.submit_attempt(job.pk)
+    tasks.place_job(job.pk)
     assert fake_cloud.cancels == []
-    assert sent.named(cc.CANCEL_JOB) == [[job.pk]], "the launch asks for the stop it missed"
+    assert sent.named(cc.STOP_MACHINES) == [[job.pk]], "the launch asks for the stop it missed"
 
-    tasks.cancel_job(job.pk)
+    tasks.stop_machines(job.pk)
     assert fake_cloud.cancelled_ids == ["fake-cloud-i1"]
     poll_due()
     assert _fresh(job).status == S.CANCELLED
@@ -247,7 +247,7 @@ def test_failed_launch_fails_the_job_with_the_provider_error(
 ) -> None:
     fake_cloud.launch_error = PermanentProviderError("HTTP 403: no access to the H100 pool")
     with django_capture_on_commit_callbacks(execute=True):
-        tasks.submit_attempt(cloud_job.pk)
+        tasks.place_job(cloud_job.pk)
 
     attempt = JobAttempt.objects.get(job=cloud_job)
     assert attempt.end_reason == "provider_error" and attempt.provider_instance_id == ""
@@ -261,8 +261,8 @@ def test_failed_launch_fails_the_job_with_the_provider_error(
     fake_cloud.launch_error = None
     with django_capture_on_commit_callbacks(execute=True):
         job_retry(job=cloud_job)
-    assert sent.named(cc.SUBMIT_ATTEMPT) == [[cloud_job.pk]]
-    tasks.submit_attempt(cloud_job.pk)
+    assert sent.named(cc.PLACE_JOB) == [[cloud_job.pk]]
+    tasks.place_job(cloud_job.pk)
     assert fake_cloud.launches[-1].name == f"trainhub-{cloud_job.public_id}-a2"
     assert _fresh(cloud_job).status == S.PROVISIONING
 
@@ -271,9 +271,9 @@ def test_submit_ignores_jobs_that_are_not_queued_or_not_cloud(
     cloud_job, make_job, fake_cloud, sent
 ) -> None:
     job_cancel(job=cloud_job)
-    tasks.submit_attempt(cloud_job.pk)
+    tasks.place_job(cloud_job.pk)
     local = make_job()
-    tasks.submit_attempt(local.pk)
+    tasks.place_job(local.pk)
     assert fake_cloud.launches == []
     assert _fresh(local).status == S.QUEUED
     assert not JobAttempt.objects.exists()
@@ -283,10 +283,12 @@ def test_submit_ignores_jobs_that_are_not_queued_or_not_cloud(
 
 
 def test_poll_active_attempts_fans_out_one_expiring_poll_per_cloud_target(monkeypatch) -> None:
+    from trainhub.celery import app
+
     register_fake("fake-a")
     register_fake("fake-b")
     calls: list[dict] = []
-    monkeypatch.setattr(tasks.poll_target, "apply_async", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: calls.append({"name": name, **kw}))
     try:
         expected = sorted(t.name for t in registry.cloud_targets())
         tasks.poll_active_attempts()
@@ -298,6 +300,7 @@ def test_poll_active_attempts_fans_out_one_expiring_poll_per_cloud_target(monkey
     assert targets == expected
     assert {"fake-a", "fake-b"} <= set(targets) and "local" not in targets
     assert all(c["expires"] == cc.POLL_INTERVAL_SECONDS for c in calls)
+    assert {c["name"] for c in calls} == {cc.POLL_TARGET}
 
 
 def test_poll_target_skips_while_another_poller_holds_the_lock(launched, fake_cloud) -> None:
@@ -347,8 +350,8 @@ def test_record_events_task_stores_through_the_service(make_job) -> None:
 def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
     from trainhub.celery import app
 
-    names = [cc.VALIDATE_FILE, cc.SUBMIT_ATTEMPT, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
-             cc.CANCEL_JOB, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.RECORD_EVENTS, cc.DISPATCH,
+    names = [cc.VALIDATE_FILE, cc.PLACE_JOB, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
+             cc.STOP_MACHINES, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.RECORD_EVENTS, cc.DISPATCH,
              cc.FLEET_TICK, cc.NODE_REGISTER, cc.NODE_HEARTBEAT, cc.NODE_STOPPING,
              cc.PURGE_STORAGE, cc.STORAGE_SWEEP, cc.PROVISION_ATTEMPT, cc.POLL_ATTEMPT,
              cc.RECONCILE_PROVIDERS]  # fmt: skip
