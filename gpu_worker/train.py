@@ -11,26 +11,28 @@ task, the RunPod handler, SSH). Steps:
    stop request after every optimizer step, and uploads a checkpoint every N steps / T seconds
    to the checkpoint slot (latest only); with ``outputs.resume_url`` training continues from that
    checkpoint (global step, optimizer, scheduler, RNG) instead of from zero;
-6. package the adapter bundle (gpu_worker.bundle), PUT it, report its sha256.
+6. package the adapter bundle (gpu_worker.packaging), PUT it, report its sha256.
 
 Every outcome is returned as a :class:`RunResult` and reported as the final ``status`` event;
 run() does not raise for training failures. The working directory of the attempt is removed
 whatever happens (checkpoints already uploaded stay in the checkpoint slot).
+
+The steps stay together here (a little over 350 lines) so they read in the order they run; the
+trainer, the checkpoints and the packaging are beside them (trainer, checkpoints, packaging).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_worker import backends, checkpoints, transfer
-from gpu_worker.bundle import FORMAT_VERSION, BundleError, write_bundle
+from gpu_worker.bundle import BundleError
 from gpu_worker.datasets import DatasetError, detect_format, iter_examples
 from gpu_worker.errors import (
     CANCELLED,
@@ -47,7 +49,8 @@ from gpu_worker.formatting import (
     encode_examples,
 )
 from gpu_worker.outcomes import ExitCode, Outcome
-from gpu_worker.trainer import StopGuard, build_trainer, rate, to_float, train_with_oom_hint
+from gpu_worker.packaging import final_metrics, package_adapter
+from gpu_worker.trainer import StopGuard, build_trainer, train_with_oom_hint
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
@@ -228,7 +231,7 @@ def _run(
     if callback.stop_reason is not None:
         stop.raise_if_stopped("during training", step=step)
 
-    metrics = _final_metrics(spec, backend, trainer, train_output, stats, callback, resume_step)
+    metrics = final_metrics(spec, backend, trainer, train_output, stats, callback, resume_step)
     if metrics["first_loss"] is not None:
         reporter.log(
             f"Trained {step} steps: loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}.",
@@ -236,7 +239,7 @@ def _run(
             train_loss=metrics["train_loss"],
         )
     stop.raise_if_stopped("before uploading the adapter", step=step)
-    tar, manifest, sha256, size = _package(spec, model, tokenizer, metrics, run_dir)
+    tar, manifest, sha256, size = package_adapter(spec, model, tokenizer, metrics, run_dir)
     transfer.upload(
         tar, spec.outputs.artifact_url, what="adapter bundle", content_type="application/x-tar"
     )
@@ -367,84 +370,3 @@ def _encode(
         truncated=stats.truncated,
     )
     return examples, stats
-
-
-def _final_metrics(
-    spec: JobSpec,
-    backend: str,
-    trainer: Any,
-    train_output: Any,
-    stats: FormatStats,
-    callback: Any,
-    resume_step: int,
-) -> dict[str, Any]:
-    import peft
-    import torch
-    import transformers
-
-    state = trainer.state
-    history = [(e["step"], float(e["loss"])) for e in state.log_history if "loss" in e]
-    evals = [(e["step"], float(e["eval_loss"])) for e in state.log_history if "eval_loss" in e]
-    out = dict(train_output.metrics) if train_output is not None else {}
-    runtime = to_float(out.get("train_runtime"))
-    metrics: dict[str, Any] = {
-        "job_id": spec.job_id,
-        "attempt": spec.attempt,
-        "model": spec.model,
-        "backend": backend,
-        "adapter": spec.adapter.to_dict(),
-        "hyperparameters": spec.hyperparameters.to_dict(),
-        "seed": spec.seed,
-        "dataset_format": spec.dataset.format,
-        "global_step": state.global_step,
-        "total_steps": state.max_steps,
-        "epochs": float(state.epoch or 0.0),
-        "resumed_from_step": resume_step,
-        "train_loss": to_float(out.get("train_loss")),
-        "first_loss": history[0][1] if history else None,
-        "last_loss": history[-1][1] if history else None,
-        "eval_loss": evals[-1][1] if evals else None,
-        "loss_history": [{"step": s, "loss": v} for s, v in history],
-        "trained_tokens": int(state.num_input_tokens_seen),
-        "train_runtime_seconds": runtime,
-        "tokens_per_second": rate(state.num_input_tokens_seen - callback.start_tokens, runtime),
-        "examples": stats.kept,
-        "dropped_examples": stats.dropped,
-        "truncated_examples": stats.truncated,
-        "loss_on": stats.loss_on,
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "peft": peft.__version__,
-        },
-    }
-    if backend == "unsloth":
-        import unsloth
-
-        metrics["versions"]["unsloth"] = getattr(unsloth, "__version__", "unknown")
-    return metrics
-
-
-# --- packaging ------------------------------------------------------------------------------
-
-
-def _package(
-    spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, Any], run_dir: Path
-) -> tuple[Path, dict[str, Any], str, int]:
-    out = run_dir / "adapter"
-    out.mkdir()
-    model.save_pretrained(str(out))  # a PeftModel saves the adapter only (safetensors)
-    (out / "README.md").unlink(missing_ok=True)  # peft's auto-generated model card stub
-    config_path = out / "adapter_config.json"
-    config = json.loads(config_path.read_text())
-    config["base_model_name_or_path"] = spec.model  # not the executor's local cache path
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tokenizer.save_pretrained(str(out))
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
-
-    tar = run_dir / "adapter.tar"
-    with tar.open("wb") as fh:
-        files = write_bundle(out, fh)
-    manifest = {"format": FORMAT_VERSION, "files": [asdict(f) for f in files]}
-    return tar, manifest, checkpoints.file_sha256(tar), tar.stat().st_size

@@ -217,7 +217,7 @@ def test_an_unexpected_crash_is_internal_error_with_the_traceback_logged(
     def crash(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("surprise")
 
-    monkeypatch.setattr(train, "_package", crash)
+    monkeypatch.setattr(train, "package_adapter", crash)
     run = run_executor(
         spec_dict(tiny_model_dir, dataset_files["text"], tmp_path / "out", fmt="text")
     )

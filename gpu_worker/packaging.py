@@ -1,0 +1,95 @@
+"""The end of a successful run: its metrics (``metrics.json``, also the job's metrics) and the
+adapter bundle (the adapter, its tokenizer and the metrics, as a verified tar)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpu_worker import checkpoints
+from gpu_worker.bundle import FORMAT_VERSION, write_bundle
+from gpu_worker.formatting import FormatStats
+from gpu_worker.trainer import rate, to_float
+
+if TYPE_CHECKING:
+    from gpu_worker.spec import JobSpec
+
+
+def final_metrics(
+    spec: JobSpec,
+    backend: str,
+    trainer: Any,
+    train_output: Any,
+    stats: FormatStats,
+    callback: Any,
+    resume_step: int,
+) -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+
+    state = trainer.state
+    history = [(e["step"], float(e["loss"])) for e in state.log_history if "loss" in e]
+    evals = [(e["step"], float(e["eval_loss"])) for e in state.log_history if "eval_loss" in e]
+    out = dict(train_output.metrics) if train_output is not None else {}
+    runtime = to_float(out.get("train_runtime"))
+    metrics: dict[str, Any] = {
+        "job_id": spec.job_id,
+        "attempt": spec.attempt,
+        "model": spec.model,
+        "backend": backend,
+        "adapter": spec.adapter.to_dict(),
+        "hyperparameters": spec.hyperparameters.to_dict(),
+        "seed": spec.seed,
+        "dataset_format": spec.dataset.format,
+        "global_step": state.global_step,
+        "total_steps": state.max_steps,
+        "epochs": float(state.epoch or 0.0),
+        "resumed_from_step": resume_step,
+        "train_loss": to_float(out.get("train_loss")),
+        "first_loss": history[0][1] if history else None,
+        "last_loss": history[-1][1] if history else None,
+        "eval_loss": evals[-1][1] if evals else None,
+        "loss_history": [{"step": s, "loss": v} for s, v in history],
+        "trained_tokens": int(state.num_input_tokens_seen),
+        "train_runtime_seconds": runtime,
+        "tokens_per_second": rate(state.num_input_tokens_seen - callback.start_tokens, runtime),
+        "examples": stats.kept,
+        "dropped_examples": stats.dropped,
+        "truncated_examples": stats.truncated,
+        "loss_on": stats.loss_on,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "peft": peft.__version__,
+        },
+    }
+    if backend == "unsloth":
+        import unsloth
+
+        metrics["versions"]["unsloth"] = getattr(unsloth, "__version__", "unknown")
+    return metrics
+
+
+def package_adapter(
+    spec: JobSpec, model: Any, tokenizer: Any, metrics: dict[str, Any], run_dir: Path
+) -> tuple[Path, dict[str, Any], str, int]:
+    out = run_dir / "adapter"
+    out.mkdir()
+    model.save_pretrained(str(out))  # a PeftModel saves the adapter only (safetensors)
+    (out / "README.md").unlink(missing_ok=True)  # peft's auto-generated model card stub
+    config_path = out / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = spec.model  # not the executor's local cache path
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(str(out))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+
+    tar = run_dir / "adapter.tar"
+    with tar.open("wb") as fh:
+        files = write_bundle(out, fh)
+    manifest = {"format": FORMAT_VERSION, "files": [asdict(f) for f in files]}
+    return tar, manifest, checkpoints.file_sha256(tar), tar.stat().st_size
