@@ -129,7 +129,7 @@ class DatasetRef:
 
     url: str
     sha256: str
-    format: str  # one of gpu_worker.datasets.FORMATS
+    format: str  # one of gpu_worker.dataset_formats.FORMATS
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "sha256": self.sha256, "format": self.format}

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import jsonschema
 
-from gpu_worker.datasets import FORMATS
+from gpu_worker.dataset_formats import FORMATS
 
 SPEC_VERSION: int = 1
 SUPPORTED_SPEC_VERSIONS: tuple[int, ...] = (SPEC_VERSION,)
