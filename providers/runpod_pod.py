@@ -18,6 +18,9 @@ SSH by the control plane (``providers.ssh``).
   (USD per hour, 0 once exited) is the rate RunPod actually bills, reported on every poll.
 
 Spot pods exist only in the deprecated GraphQL API and are not offered.
+
+Kept whole (about 340 lines): the catalogue pricing and the status map are small and read
+with the calls they serve.
 """
 
 from __future__ import annotations

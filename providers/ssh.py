@@ -19,6 +19,8 @@ the control plane) going away; the wrapper traps SIGTERM so that a signal to the
 group (an operator, the machine shutting down) still lets it record the executor's exit code.
 Host keys are trusted on first use: the caller stores ``host_key`` and passes it back as
 ``known_host_key`` on every later connection.
+
+Kept whole: every method works on the one remote directory layout above.
 """
 
 from __future__ import annotations
