@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import requests
 from gpu_worker.errors import INTERNAL_ERROR
 from gpu_worker.node import NodeConfig
 from gpu_worker.outcomes import ExitCode, Outcome
+from gpu_worker.retrying import RetryPolicy
 from gpu_worker.sinks import CelerySink
 
 log = logging.getLogger(__name__)
@@ -39,36 +41,51 @@ log = logging.getLogger(__name__)
 # The supervisor's own final event uses a seq far above any the executor reaches, so the
 # control plane's (attempt, seq) key never confuses the two.
 SUPERVISOR_SEQ = 2_000_000_000
-CLAIM_TRIES = 3
+# Three tries, 2 s then 4 s apart: the control plane restarting is the usual cause.
+CLAIM_RETRY = RetryPolicy(attempts=3, backoff_seconds=2.0, jitter=False)
 _PR_SET_PDEATHSIG = 1
 
 
-def claim(message: dict[str, Any], node: NodeConfig) -> bool:
+class _NoAnswer(Exception):
+    """The control plane answered the claim with neither a yes nor a no (a 5xx, mostly)."""
+
+    def __init__(self, response: requests.Response) -> None:
+        super().__init__(f"claim answered HTTP {response.status_code}")
+        self.response = response
+
+
+def claim(
+    message: dict[str, Any], node: NodeConfig, *, sleep: Callable[[float], None] = time.sleep
+) -> bool:
     """Ask the control plane for the attempt; False if it is not ours to run (duplicate,
     outdated or cancelled). Network trouble raises after a few tries: the message is then
     dropped and the dispatcher sends the attempt again."""
     spec = message["spec"]
     body = {"node": node.name, "job_id": spec["job_id"], "attempt": spec["attempt"]}
-    for attempt in range(1, CLAIM_TRIES + 1):
-        try:
-            resp = requests.post(
-                message["claim_url"],
-                json=body,
-                headers={"Authorization": f"Bearer {node.token}"},
-                timeout=(5, 30),
-            )
-        except requests.RequestException:
-            if attempt == CLAIM_TRIES:
-                raise
-        else:
-            if resp.status_code == 200:
-                return True
-            if resp.status_code in (401, 404, 409):
-                log.warning("claim of %s refused (%s): %s", body, resp.status_code, resp.text[:300])
-                return False
-            if attempt == CLAIM_TRIES:
-                resp.raise_for_status()
-        time.sleep(2**attempt)
+
+    def ask() -> bool:
+        resp = requests.post(
+            message["claim_url"],
+            json=body,
+            headers={"Authorization": f"Bearer {node.token}"},
+            timeout=(5, 30),
+        )
+        if resp.status_code == 200:
+            return True
+        if resp.status_code in (401, 404, 409):
+            log.warning("claim of %s refused (%s): %s", body, resp.status_code, resp.text[:300])
+            return False
+        raise _NoAnswer(resp)
+
+    try:
+        return CLAIM_RETRY.call(
+            ask,
+            retry_if=lambda exc: isinstance(exc, requests.RequestException | _NoAnswer),
+            sleep=sleep,
+        )
+    except _NoAnswer as exc:
+        unanswered = exc.response
+    unanswered.raise_for_status()  # a 5xx; any other status is not a claim either
     return False
 
 

@@ -7,8 +7,9 @@
   ``Content-MD5``: S3 (and the control plane's own transfer route) refuse a body that arrives
   different from what left, and the upload is retried. It is the one integrity header S3
   accepts without it being signed into the URL, which is issued before the file exists.
-- Connection errors, timeouts, 429 and 5xx are retried with exponential backoff; other HTTP
-  errors fail at once (an expired signature does not get better by waiting).
+- Connection errors, timeouts, 429 and 5xx are retried with exponential backoff
+  (``gpu_worker.retrying``); other HTTP errors fail at once (an expired signature does not get
+  better by waiting).
 
 Failures raise :class:`~gpu_worker.errors.ExecutorError` with ``download_failed`` /
 ``upload_failed``. URLs are signed (their query strings are credentials), so messages show
@@ -20,11 +21,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import random
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +32,7 @@ from urllib.request import url2pathname
 import requests
 
 from gpu_worker.errors import DOWNLOAD_FAILED, UPLOAD_FAILED, Cancelled, ExecutorError
+from gpu_worker.retrying import RetryPolicy
 
 CHUNK_BYTES = 1024 * 1024
 ATTEMPTS = 5
@@ -48,6 +48,9 @@ _RETRY_EXC = (requests.ConnectionError, requests.Timeout, requests.exceptions.Ch
 
 class _Retry(Exception):
     """A transient failure worth another attempt."""
+
+
+_RETRYABLE = (_Retry, *_RETRY_EXC)
 
 
 def redact(url: str) -> str:
@@ -86,24 +89,19 @@ def _local_path(url: str) -> Path:
     return Path(url2pathname(parts.path))
 
 
-def _sleep_before(attempt: int) -> None:
-    delay = min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2 ** (attempt - 1))
-    time.sleep(delay * (0.5 + random.random() / 2))  # noqa: S311 - jitter, not crypto
-
-
 def _with_retries(
     op: Callable[[], int], *, url: str, reason: str, label: str, attempts: int
 ) -> int:
-    last = ""
-    for attempt in range(1, attempts + 1):
-        try:
-            return op()
-        except _Retry as exc:
-            last = str(exc)
-        except _RETRY_EXC as exc:
-            last = scrub(f"{type(exc).__name__}: {exc}", url)
-        if attempt < attempts:
-            _sleep_before(attempt)
+    policy = RetryPolicy(
+        attempts=attempts, backoff_seconds=BACKOFF_SECONDS, backoff_max_seconds=BACKOFF_MAX_SECONDS
+    )
+    try:
+        return policy.call(op, retry_if=lambda exc: isinstance(exc, _RETRYABLE))
+    except _Retry as exc:
+        last = str(exc)
+    except _RETRY_EXC as exc:
+        last = scrub(f"{type(exc).__name__}: {exc}", url)
+    # Not chained: requests' exceptions quote the signed URL, query string and all.
     raise ExecutorError(reason, f"{label} failed after {attempts} attempts: {last}")
 
 

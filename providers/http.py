@@ -3,7 +3,8 @@ process-global like the runpod SDK's), a timeout on every call, and our own retr
 
 - 429 is retried after ``Retry-After`` (seconds or an HTTP date), else with exponential backoff
   and jitter; a wait longer than the policy allows fails at once as RateLimited, so a Celery
-  task can reschedule instead of sleeping.
+  task can reschedule instead of sleeping (``gpu_worker.retrying.RetryPolicy``, shared with the
+  executor's transfers and the node's claim).
 - 5xx, timeouts and dropped connections are retried only for idempotent calls. A call that
   spends money (a launch) is retried only when the provider surely did not act on it (a 429, a
   connection that never opened); anything else raises TransientProviderError with
@@ -18,18 +19,17 @@ process-global like the runpod SDK's), a timeout on every call, and our own retr
 from __future__ import annotations
 
 import email.utils
-import random
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import requests
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
+from gpu_worker.retrying import RetryPolicy as RetryPolicy  # the one policy; re-exported here
 from providers.errors import (
     InstanceNotFound,
     InvalidCredentials,
@@ -40,20 +40,13 @@ from providers.errors import (
 )
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+DEFAULT_RETRY = RetryPolicy()
 _TAG = re.compile(r"<[^>]+>")
 _SPACE = re.compile(r"\s+")
 
 
 class Limiter(Protocol):
     def acquire(self, bucket: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 5
-    backoff_seconds: float = 0.5  # the first delay; doubles, with jitter
-    backoff_max_seconds: float = 30.0
-    retry_after_max_seconds: float = 60.0  # a longer Retry-After is returned to the caller
 
 
 class ProviderHTTP:
@@ -65,7 +58,7 @@ class ProviderHTTP:
         provider: str,
         base_url: str,
         timeout: tuple[float, float] = (5.0, 30.0),  # connect, read
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         limiter: Limiter | None = None,
         auth_headers: Callable[[str], Mapping[str, str]] = lambda key: {
             "Authorization": f"Bearer {key}"
@@ -106,7 +99,8 @@ class ProviderHTTP:
         safe = method in IDEMPOTENT_METHODS if idempotent is None else idempotent
         what = f"{self.provider} {method} {path}"
         headers = {"Accept": "application/json", **self._auth_headers(key)}
-        for attempt in range(1, self.retry.attempts + 1):
+
+        def attempt() -> Any:
             if self.limiter is not None:
                 self.limiter.acquire(bucket)
             try:
@@ -119,46 +113,33 @@ class ProviderHTTP:
                     timeout=self.timeout,
                 )
             except requests.RequestException as exc:
-                lost = _connection_failure(exc, what)
-                if lost.maybe_applied and not safe:
-                    raise lost from None
-                failure: ProviderError = lost
+                raise _connection_failure(exc, what) from None
+            if response.ok:
+                try:
+                    return response.json() if response.content.strip() else None
+                except ValueError:  # a proxy's page, a truncated body: not the API's answer
+                    failure: ProviderError = TransientProviderError(
+                        f"{what} returned HTTP {response.status_code} with a body that is "
+                        f"not JSON: {describe_body(response, 120)}",
+                        provider=self.provider,
+                        status=response.status_code,
+                    )
             else:
-                if not response.ok:
-                    failure = self._failure(response, what)
-                else:
-                    try:
-                        return response.json() if response.content.strip() else None
-                    except ValueError:  # a proxy's page, a truncated body: not the API's answer
-                        failure = TransientProviderError(
-                            f"{what} returned HTTP {response.status_code} with a body that is "
-                            f"not JSON: {describe_body(response, 120)}",
-                            provider=self.provider,
-                            status=response.status_code,
-                        )
-                if isinstance(failure, TransientProviderError) and not safe:
-                    failure.maybe_applied = True  # a 5xx after the provider may have acted
-                    raise failure
-                if not failure.retryable:
-                    raise failure
-            if attempt == self.retry.attempts or self._wait_too_long(failure):
-                raise failure
-            self._sleep(self._delay(attempt, failure))
-        raise AssertionError("unreachable")  # pragma: no cover
+                failure = self._failure(response, what)
+            if isinstance(failure, TransientProviderError) and not safe:
+                failure.maybe_applied = True  # a 5xx after the provider may have acted
+            raise failure
 
-    def _wait_too_long(self, failure: ProviderError) -> bool:
-        """A Retry-After past the policy goes back to the caller (a task reschedules itself)."""
-        retry_after = getattr(failure, "retry_after", None)
-        return retry_after is not None and retry_after > self.retry.retry_after_max_seconds
+        def worth_retrying(failure: BaseException) -> bool:
+            # A call that spends money is never repeated once the provider may have acted.
+            maybe_applied = isinstance(failure, TransientProviderError) and failure.maybe_applied
+            return (
+                isinstance(failure, ProviderError)
+                and failure.retryable
+                and (safe or not maybe_applied)
+            )
 
-    def _delay(self, attempt: int, failure: ProviderError) -> float:
-        retry_after = getattr(failure, "retry_after", None)
-        if retry_after is not None:
-            return retry_after + random.uniform(0, 0.1 * retry_after + 0.05)  # noqa: S311
-        backoff = min(
-            self.retry.backoff_max_seconds, self.retry.backoff_seconds * 2 ** (attempt - 1)
-        )
-        return backoff * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not crypto
+        return self.retry.call(attempt, retry_if=worth_retrying, sleep=self._sleep)
 
     def _failure(self, response: requests.Response, what: str) -> ProviderError:
         status = response.status_code

@@ -3,6 +3,7 @@ supervisor stops an executor and reports one that died without a word (real chil
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -10,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+import responses
 
 from gpu_worker import node as node_settings
 from gpu_worker import supervisor
 
+CLAIM_URL = "http://control.test/api/v1/nodes/claim/"
+MESSAGE = {"claim_url": CLAIM_URL, "spec": {"job_id": "ftjob-1", "attempt": 2}}
 SLEEPER = "import time; time.sleep(60)"
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 
@@ -135,3 +140,40 @@ def test_a_silent_death_is_reported_with_the_nodes_identity(
     assert (job_id, attempt) == ("ftjob-1", 2)
     assert events[0]["data"] == data
     assert events[0]["seq"] == supervisor.SUPERVISOR_SEQ
+
+
+# --- the claim ------------------------------------------------------------------------------
+
+
+@responses.activate
+def test_a_claim_is_retried_2_then_4_seconds_apart_after_a_5xx_or_a_dropped_connection(
+    tmp_path: Path,
+) -> None:
+    node = _config(tmp_path)
+    responses.post(CLAIM_URL, status=503)
+    responses.post(CLAIM_URL, body=requests.ConnectionError("connection reset"))
+    responses.post(CLAIM_URL, json={"ok": True})
+    sleeps: list[float] = []
+    assert supervisor.claim(MESSAGE, node, sleep=sleeps.append) is True
+    assert sleeps == [2.0, 4.0] and len(responses.calls) == 3
+    request = responses.calls[0].request
+    assert request.headers["Authorization"] == "Bearer thn-x"
+    assert json.loads(request.body or b"") == {"node": node.name, "job_id": "ftjob-1", "attempt": 2}
+
+
+@pytest.mark.parametrize("status", [401, 404, 409])
+@responses.activate
+def test_a_refused_claim_is_not_ours_and_is_not_asked_again(tmp_path: Path, status: int) -> None:
+    responses.post(CLAIM_URL, status=status, json={"detail": "no"})
+    sleeps: list[float] = []
+    assert supervisor.claim(MESSAGE, _config(tmp_path), sleep=sleeps.append) is False
+    assert sleeps == [] and len(responses.calls) == 1
+
+
+@responses.activate
+def test_a_claim_that_keeps_failing_raises_after_three_tries(tmp_path: Path) -> None:
+    responses.post(CLAIM_URL, status=502)  # repeated for every call
+    sleeps: list[float] = []
+    with pytest.raises(requests.HTTPError, match="502"):
+        supervisor.claim(MESSAGE, _config(tmp_path), sleep=sleeps.append)
+    assert sleeps == [2.0, 4.0] and len(responses.calls) == 3
