@@ -171,7 +171,7 @@ def test_transition_table_on_sqlite(tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "pytest",
-            "tests/jobs/test_transitions.py",
+            "tests/jobs/test_services_status.py",
             "-k",
             "not sqlite",
             "-q",
