@@ -1,7 +1,7 @@
 """jobs.services.costs on the real database: the rate an attempt is billed at, its cost when
 it ends, the sums on its job, and a project's spend per hour against its ceiling. Rows come
 from tests/factories.py (the launch and poll paths that write them: test_services_launch,
-test_placement)."""
+test_services_placement)."""
 
 from __future__ import annotations
 
