@@ -76,6 +76,16 @@ def fake_cloud(settings) -> Iterator[FakeAdapter]:
 
 
 @pytest.fixture
+def clouds(settings, sent) -> Iterator[dict[str, FakeAdapter]]:
+    """Two scripted clouds that list priced offers (placement picks among them)."""
+    settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"  # rented machines reach storage
+    made = {name: register_fake(name, has_offers=True) for name in ("cheap-cloud", "dear-cloud")}
+    yield made
+    for name in made:
+        registry.unregister(name)
+
+
+@pytest.fixture
 def fresh_provider_state() -> None:
     """Offers, refusals and the providers' rate-limit bookings live in Redis across processes
     and tests: a test using this starts without them (an earlier test's Lambda launch would

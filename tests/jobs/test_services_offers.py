@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs import tasks
 from jobs.errors import InvalidRequest, NotFound, ProviderUnavailable
 from jobs.locks import redis_client
 from jobs.models import Project
@@ -124,6 +125,19 @@ def test_offers_without_a_key_raise_missing_credentials(priced) -> None:
     with pytest.raises(MissingCredentials):
         offers.target_offers(project=ProjectFactory(), target=target(), gpu={})
     assert priced.offer_queries == []
+
+
+def test_offers_are_cached_briefly_per_account(clouds, make_job, project) -> None:
+    cloud = clouds["cheap-cloud"]
+    cloud.add_offer("c1", 5.0)
+    job = make_job(target="cheap-cloud", max_price_per_hour=1)
+    tasks.place_job(job.pk)
+    tasks.place_job(job.pk)
+    assert len(cloud.offer_queries) == 1
+    target = registry.get("cheap-cloud")
+    assert offers.target_offers(project=project, target=target, gpu={}) == cloud.offer_list
+    ttl = max(redis_client().ttl(k) for k in redis_client().keys("trainhub:offers:cheap-cloud:*"))
+    assert 0 < ttl <= offers.OFFERS_TTL_SECONDS
 
 
 # --- refused offers ---------------------------------------------------------------------------

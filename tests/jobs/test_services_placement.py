@@ -16,24 +16,15 @@ from jobs import tasks
 from jobs.errors import InvalidRequest
 from jobs.locks import redis_client
 from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
-from jobs.services import nodes, offers, placement
+from jobs.services import nodes, placement
 from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import TransientProviderError
-from tests.fakes.adapter import FakeAdapter, register_fake
+from tests.fakes.adapter import register_fake
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 S = JobStatus
-
-
-@pytest.fixture
-def clouds(settings, sent) -> dict[str, FakeAdapter]:
-    settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"  # rented machines reach storage
-    made = {name: register_fake(name, has_offers=True) for name in ("cheap-cloud", "dear-cloud")}
-    yield made
-    for name in made:
-        registry.unregister(name)
 
 
 def idle_node(name: str = "gpu-a", vram_mb: int = 81559) -> GpuNode:
@@ -210,19 +201,6 @@ def test_a_provider_that_cannot_list_offers_is_reported_and_the_others_still_pla
     assert event.data["unusable"] == [
         "dear-cloud could not list offers: dear-cloud GET /offers returned HTTP 503"
     ]
-
-
-def test_offers_are_cached_briefly_per_account(clouds, make_job, project) -> None:
-    cloud = clouds["cheap-cloud"]
-    cloud.add_offer("c1", 5.0)
-    job = make_job(target="cheap-cloud", max_price_per_hour=1)
-    tasks.place_job(job.pk)
-    tasks.place_job(job.pk)
-    assert len(cloud.offer_queries) == 1
-    target = registry.get("cheap-cloud")
-    assert offers.target_offers(project=project, target=target, gpu={}) == cloud.offer_list
-    ttl = max(redis_client().ttl(k) for k in redis_client().keys("trainhub:offers:cheap-cloud:*"))
-    assert 0 < ttl <= offers.OFFERS_TTL_SECONDS
 
 
 # --- the billed rate and cost -----------------------------------------------------------------
