@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -14,11 +14,13 @@ import pytest
 from gpu_worker.bundle import write_bundle
 from jobs import storage
 from jobs.locks import redis_client
-from jobs.models import Artifact, TrainingJob
+from jobs.models import Artifact, GpuNode, JobAttempt, TrainingJob
+from jobs.services import dispatch
 from jobs.services.artifacts import artifact_ingest
 from jobs.services.attempts import attempt_record_events, attempt_start
 from providers import registry
 from tests.fakes.adapter import FakeAdapter, register_fake
+from tests.jobs._fleet import H100, attempt_of, fresh, online_node
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +66,63 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
     recorder = SentTasks()
     monkeypatch.setattr(app, "send_task", recorder)
     return recorder
+
+
+@dataclass
+class Broadcasts:
+    """What ``app.control.broadcast`` was asked to send (nothing reaches Redis)."""
+
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(
+        self, command: str, arguments: Any = None, destination: Any = None, **_: Any
+    ) -> None:
+        self.calls.append({"command": command, "arguments": arguments, "destination": destination})
+
+
+@pytest.fixture
+def broadcasts(monkeypatch: pytest.MonkeyPatch) -> Broadcasts:
+    from trainhub.celery import app
+
+    recorder = Broadcasts()
+    monkeypatch.setattr(app.control, "broadcast", recorder)
+    return recorder
+
+
+@pytest.fixture
+def dispatch_now(django_capture_on_commit_callbacks, sent) -> Callable[[], int]:
+    """One dispatcher pass, with its on-commit sends run (and recorded by ``sent``)."""
+
+    def run() -> int:
+        with django_capture_on_commit_callbacks(execute=True):
+            return dispatch.dispatch_queued()
+
+    return run
+
+
+class Placed(NamedTuple):
+    """A local job placed on an own node, with the node's token."""
+
+    job: TrainingJob
+    attempt: JobAttempt
+    node: GpuNode
+    token: str
+
+
+@pytest.fixture
+def placed(make_job, dispatch_now) -> Placed:
+    """A queued job placed on idle node gpu-a (attempt 1 sent, not claimed yet)."""
+    node, token = online_node("gpu-a", H100)
+    job = make_job()
+    assert dispatch_now() == 1
+    return Placed(fresh(job), attempt_of(job), fresh(node), token)
+
+
+@pytest.fixture
+def claimed(placed) -> Placed:
+    """``placed``, with attempt 1 claimed by its node."""
+    assert dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
+    return placed
 
 
 @pytest.fixture
