@@ -5,9 +5,8 @@ registered and idle, and the run_attempt messages the dispatcher sent."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db.models import Model
 from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
@@ -15,7 +14,6 @@ from jobs.models import GpuNode, JobAttempt, TrainingJob
 from jobs.services import nodes
 
 N = GpuNode.Status
-M = TypeVar("M", bound=Model)
 
 # As nvidia-smi reports them (memory.total in MiB).
 H100 = {"name": "NVIDIA H100 80GB HBM3", "vram_mb": 81559}
@@ -45,11 +43,6 @@ def online_node(name: str, *gpus: dict, **labels: str) -> tuple[GpuNode, str]:
     node.refresh_from_db()
     assert node.status == N.IDLE
     return node, token
-
-
-def fresh(obj: M) -> M:
-    obj.refresh_from_db()
-    return obj
 
 
 def node_status(node: GpuNode) -> str:

@@ -20,7 +20,8 @@ from jobs.services.artifacts import artifact_ingest
 from jobs.services.attempts import attempt_record_events, attempt_start
 from providers import registry
 from tests.fakes.adapter import FakeAdapter, register_fake
-from tests.jobs._fleet import H100, attempt_of, fresh, online_node
+from tests.jobs._db import fresh
+from tests.jobs._fleet import H100, attempt_of, online_node
 
 
 @pytest.fixture(autouse=True)

@@ -27,12 +27,12 @@ from jobs.services.attempts import (
 from jobs.services.jobs import job_cancel
 from jobs.states import JobStatus
 from jobs.storage import transfer
+from tests.jobs._db import fresh
 from tests.jobs._fleet import (
     H100,
     T4,
     attempt_of,
     expire_lease,
-    fresh,
     node_report,
     online_node,
     run_messages,

@@ -22,11 +22,11 @@ from jobs.services.attempts import (
 )
 from jobs.services.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
+from tests.jobs._db import fresh
 from tests.jobs._fleet import (
     H100,
     attempt_of,
     expire_lease,
-    fresh,
     node_report,
     node_status,
     online_node,
