@@ -2,7 +2,7 @@
 launched at the provider (the scripted fake, registered as a real target), on the first
 candidate offer that takes it, within the project's spend ceiling; the launch error family
 (retried, checked, or ending the attempt with a reason); a cancel before or during the launch.
-The same paths through the Celery tasks: test_cloud and test_placement."""
+The same paths through the Celery tasks: the last section here and test_services_placement."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
+from jobs import storage, tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services import launch, offers, remote
 from jobs.services.attempts import attempt_start, machine_name
@@ -31,6 +32,8 @@ from providers.errors import (
 )
 from tests.factories import JobAttemptFactory, TrainingJobFactory
 from tests.fakes.adapter import FakeAdapter, register_fake
+from tests.jobs._cloud import launched
+from tests.jobs._db import fresh
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state", "sent")]
 S = JobStatus
@@ -54,10 +57,6 @@ def ssh_cloud(settings) -> Iterator[FakeAdapter]:
     adapter = register_fake("ssh-cloud", kind=TargetKind.SSH_MACHINE)
     yield adapter
     registry.unregister("ssh-cloud")
-
-
-def fresh(attempt: JobAttempt) -> JobAttempt:
-    return JobAttempt.objects.select_related("job").get(pk=attempt.pk)
 
 
 def job_of(attempt: JobAttempt) -> TrainingJob:
@@ -406,3 +405,82 @@ def test_an_unknown_target_ends_the_attempt(make_job, settings) -> None:
     launch.attempt_provision(attempt_pk=attempt.pk)
     assert fresh(attempt).end_reason == EndReason.PROVIDER_ERROR
     assert job_of(attempt).error_message.startswith("unknown target")
+
+
+# --- the same paths through the Celery tasks --------------------------------------------------
+
+
+def test_no_capacity_requeues_and_rejected_credentials_fail(
+    fake_cloud, make_job, django_capture_on_commit_callbacks, sent
+) -> None:
+    fake_cloud.launch_error = NoCapacity("no H100 in any data centre")
+    job = make_job(target="fake-cloud")
+    tasks.place_job(job.pk)
+    assert fresh(job).status == S.QUEUED
+    assert JobAttempt.objects.get(job=job).end_reason == "no_capacity"
+
+    fake_cloud.launch_error = InvalidCredentials("HTTP 401: invalid api key")
+    tasks.place_job(job.pk)
+    job.refresh_from_db()
+    assert (job.status, job.error_code) == (S.FAILED, "provider_error")
+    assert "refused the project's credential" in job.error_message
+
+
+def test_a_launch_that_surely_did_not_happen_is_retried_with_backoff(
+    fake_cloud, make_job, sent, django_capture_on_commit_callbacks
+) -> None:
+    fake_cloud.launch_error = RateLimited("HTTP 429", retry_after=42)
+    with django_capture_on_commit_callbacks(execute=True):  # the task's work commits
+        job, attempt = launched(make_job)
+    assert sent.named(cc.PROVISION_ATTEMPT) == [[attempt.pk, 1]]
+    assert fresh(job).status == S.PROVISIONING and attempt.provider_instance_id == ""
+
+    fake_cloud.launch_error = None
+    tasks.provision_attempt(attempt.pk, 1)
+    assert fresh(attempt).provider_instance_id == "fake-cloud-i1"
+    assert len(fake_cloud.launches) == 2 and {r.attempt for r in fake_cloud.launches} == {1}
+
+
+def test_retries_stop_after_the_backoff_schedule(fake_cloud, make_job, sent) -> None:
+    fake_cloud.launch_error = TransientProviderError("HTTP 503", maybe_applied=False)
+    job, attempt = launched(make_job, max_attempts=1)
+    tasks.provision_attempt(attempt.pk, len(launch.LAUNCH_RETRY_SECONDS))
+    job.refresh_from_db()
+    assert (job.status, job.error_code) == (S.FAILED, "provider_error")
+
+
+def test_an_unconfirmed_launch_is_checked_before_submitting_again(
+    fake_cloud, make_job, sent, django_capture_on_commit_callbacks
+) -> None:
+    fake_cloud.launch_error = TransientProviderError("HTTP 502 after sending", maybe_applied=True)
+    with django_capture_on_commit_callbacks(execute=True):  # the task's work commits
+        job, attempt = launched(make_job)
+
+    assert fresh(attempt).launch_unconfirmed_at is not None
+    assert sent.named(cc.PROVISION_ATTEMPT) == [[attempt.pk, 1]]
+    warning = JobEvent.objects.filter(job=job, level="warning").last()
+    assert "may have accepted the launch" in warning.message
+
+    # No output appeared for the attempt: it is submitted again, as the same attempt.
+    fake_cloud.launch_error = None
+    tasks.provision_attempt(attempt.pk, 1)
+    attempt.refresh_from_db()
+    assert attempt.provider_instance_id == "fake-cloud-i1"
+    assert attempt.launch_unconfirmed_at is None
+    assert [r.attempt for r in fake_cloud.launches] == [1, 1]
+
+
+def test_an_unconfirmed_launch_whose_bundle_arrived_is_verified_not_relaunched(
+    fake_cloud, make_job, django_capture_on_commit_callbacks, sent
+) -> None:
+    fake_cloud.launch_error = TransientProviderError("read timeout", maybe_applied=True)
+    job, attempt = launched(make_job)
+    key = storage.bundle_key(job.project_id, job.public_id, attempt.number)
+    storage.save_stream(key, [b"the lost run's bundle"])
+
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.provision_attempt(attempt.pk, 1)
+
+    assert len(fake_cloud.launches) == 1, "no second paid run"
+    assert fresh(job).status == S.FINALIZING
+    assert sent.named(cc.INGEST_ARTIFACT) == [[attempt.pk, ""]]

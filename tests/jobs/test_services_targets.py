@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs import tasks
 from jobs.models import Project
 from jobs.services.projects import credential_create
 from jobs.services.targets import (
@@ -19,11 +20,14 @@ from jobs.services.targets import (
     target_problem,
     target_secrets,
 )
+from jobs.states import JobStatus
 from providers import registry
 from tests.factories import ProjectFactory
 from tests.fakes.adapter import FakeAdapter, register_fake
+from tests.jobs._cloud import launched, poll_due
 
 pytestmark = pytest.mark.django_db
+S = JobStatus
 OPERATOR_KEY = "rp-operator-KEY-31f0"
 
 
@@ -178,3 +182,47 @@ def test_a_target_without_a_usable_key_says_how_to_add_one(keyed, settings) -> N
 
     allow_operator_key(settings, project)
     assert target_problem(project=project, target=target("keyed-cloud")) is None
+
+
+# --- the key the launch and poll paths use, the API's refusal ---------------------------------
+
+
+def test_the_projects_newest_credential_is_used_then_the_operators(
+    keyed, make_job, project, settings, sent
+) -> None:
+    settings.TRAINHUB_OPERATOR_API_KEYS = {"runpod": "rp-operator"}
+    project.operator_credential_providers = ["runpod"]
+    project.save()
+    job = make_job(target="keyed-cloud")  # accepted on the operator's key alone
+    tasks.place_job(job.pk)
+    assert keyed.secrets_seen[-1] == {"api_key": "rp-operator"}
+
+    credential_create(project=project, provider="runpod", name="old", secrets={"api_key": "k1"})
+    credential_create(project=project, provider="runpod", name="new", secrets={"api_key": "k2"})
+    poll_due("keyed-cloud")
+    assert keyed.secrets_seen[-1] == {"api_key": "k2"}, "the project's own key wins"
+
+
+def test_an_attempt_whose_credential_vanished_ends_with_a_clear_reason(
+    keyed, make_job, project, sent
+) -> None:
+    credential_create(project=project, provider="runpod", name="main", secrets={"api_key": "k"})
+    job, _attempt = launched(make_job, target="keyed-cloud", max_attempts=1)
+    project.credentials.all().delete()
+
+    poll_due("keyed-cloud")
+
+    job.refresh_from_db()
+    assert (job.status, job.error_code) == (S.FAILED, "provider_error")
+    assert "has no 'runpod' credential any more" in job.error_message
+
+
+def test_an_unconfigured_target_is_refused_at_submit(api, make_file, settings) -> None:
+    settings.RUNPOD_ENDPOINT_ID = ""
+    settings.TRAINHUB_PUBLIC_URL = "https://trainhub.example.org"
+    body = {"model": "acme/tiny", "training_file": make_file().public_id}
+    response = api.post("/api/v1/jobs/", {**body, "target": "runpod-serverless"}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("target_unavailable", "target")
+    assert "RUNPOD_ENDPOINT_ID" in error["message"]
