@@ -37,7 +37,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """The wait after the ``attempt``-th try failed without a Retry-After."""
-        delay = min(self.backoff_max_seconds, self.backoff_seconds * 2 ** (attempt - 1))
+        delay = min(self.backoff_max_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
         return delay * random.uniform(0.5, 1.0) if self.jitter else delay  # noqa: S311 - jitter
 
     def delay(self, attempt: int, failure: BaseException | None) -> float:

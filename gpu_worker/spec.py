@@ -223,7 +223,8 @@ def parse_hyperparameters(data: object) -> Hyperparameters:
     data = validate(HYPERPARAMETERS_VALIDATOR, {} if data is None else data, "hyperparameters")
     # JSON Schema counts 3.0 as an integer; store it as one so the trainer gets real ints.
     ints = {k for k, s in HYPERPARAMETERS_SCHEMA["properties"].items() if s["type"] == "integer"}
-    return Hyperparameters(**{k: int(v) if k in ints else v for k, v in data.items()})
+    fields: dict[str, Any] = {k: int(v) if k in ints else v for k, v in data.items()}
+    return Hyperparameters(**fields)
 
 
 _HUB_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,95}$")

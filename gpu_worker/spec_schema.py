@@ -147,7 +147,8 @@ _TYPE_CHECKER = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
     "number",
     lambda _checker, v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
 )
-_Validator = jsonschema.validators.extend(
+# types-jsonschema leaves validators.extend unannotated.
+_Validator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft202012Validator, type_checker=_TYPE_CHECKER
 )
 ADAPTER_VALIDATOR = _Validator(ADAPTER_SCHEMA)
@@ -195,7 +196,10 @@ def _path(prefix: str, parts: Any) -> str:
 
 def _to_spec_error(err: jsonschema.ValidationError, prefix: str) -> SpecError:
     param: str | None = _path(prefix, err.absolute_path) or None
-    kind, schema, value = err.validator, err.schema, err.instance
+    kind = err.validator
+    # Every schema here is an object; the instance is whatever JSON the caller sent.
+    schema: Mapping[str, Any] = err.schema if isinstance(err.schema, Mapping) else {}
+    value: Any = err.instance
     where = param or "the spec"
     if kind == "additionalProperties" and schema.get("additionalProperties") is False:
         known = list(schema.get("properties", {}))

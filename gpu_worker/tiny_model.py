@@ -73,7 +73,8 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, source: Path = DEMO_DATASE
             show_progress=False,
         ),
     )
-    hf_tok = PreTrainedTokenizerFast(
+    # transformers leaves the fast tokenizer's __init__ unannotated.
+    hf_tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token="<|endoftext|>",  # noqa: S106 - token strings, not passwords
         eos_token="<|im_end|>",  # noqa: S106
@@ -101,7 +102,8 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, source: Path = DEMO_DATASE
     # fork_rng: seeding must not leak into the caller's global RNG state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        # transformers leaves LlamaForCausalLM.__init__ unannotated.
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(out_dir)
     hf_tok.save_pretrained(out_dir)
     return out_dir

@@ -61,9 +61,9 @@ class StopGuard:
 def make_callback(
     reporter: Reporter, stop: StopGuard, checkpointer: checkpoints.Checkpointer
 ) -> Any:
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-    class ExecutorCallback(TrainerCallback):  # type: ignore[misc]
+    class ExecutorCallback(TrainerCallback):
         """Progress metrics, stop requests and checkpoints: the one hook into the Trainer."""
 
         def __init__(self) -> None:
@@ -72,12 +72,25 @@ def make_callback(
             self._tokens = 0
             self.start_tokens = 0
 
-        def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        def on_train_begin(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            **kwargs: Any,
+        ) -> None:
             # After a resume the state already counts the earlier attempts' tokens.
             self._t, self._tokens = time.monotonic(), state.num_input_tokens_seen
             self.start_tokens = state.num_input_tokens_seen
 
-        def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, float] | None = None,
+            **kwargs: Any,
+        ) -> None:
             logs = logs or {}
             if "loss" in logs:
                 now, tokens = time.monotonic(), state.num_input_tokens_seen
@@ -100,7 +113,7 @@ def make_callback(
                     eval_loss=float(logs["eval_loss"]),
                 )
 
-        def _check_stop(self, control):  # type: ignore[no-untyped-def]
+        def _check_stop(self, control: TrainerControl) -> str | None:
             reason = stop.check()
             if reason is not None:
                 self.stop_reason = reason
@@ -109,22 +122,48 @@ def make_callback(
                 control.should_evaluate = False
             return reason
 
-        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        def on_step_end(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            **kwargs: Any,
+        ) -> TrainerControl:
             if self._check_stop(control) is None and checkpointer.due(
                 state.global_step, state.max_steps
             ):
                 control.should_save = True
             return control
 
-        def on_substep_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        def on_substep_end(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            **kwargs: Any,
+        ) -> TrainerControl:
             self._check_stop(control)  # mid-accumulation: drop the partial step
             return control
 
-        def on_epoch_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        def on_epoch_end(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            **kwargs: Any,
+        ) -> TrainerControl:
             self._check_stop(control)  # no end-of-epoch evaluation or save once stopping
             return control
 
-        def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        def on_save(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            **kwargs: Any,
+        ) -> TrainerControl:
+            if args.output_dir is None:  # build_trainer always sets one
+                raise RuntimeError("TrainingArguments.output_dir is unset: no checkpoint to ship")
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             checkpointer.ship(folder, state.global_step)
             return control
@@ -161,6 +200,7 @@ def build_trainer(
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     hp = spec.hyperparameters
+    precision = backends.precision()
     args = TrainingArguments(
         output_dir=str(run_dir / "trainer"),
         per_device_train_batch_size=hp.batch_size,
@@ -183,7 +223,8 @@ def build_trainer(
         gradient_checkpointing=False,  # the backend applied the spec's setting when loading
         disable_tqdm=True,
         dataloader_num_workers=0,
-        **backends.precision(),
+        bf16=precision["bf16"],
+        fp16=precision["fp16"],
     )
     callback = make_callback(reporter, stop, checkpointer)
     trainer = Trainer(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from providers.base import (
     MACHINE_PREFIX,
@@ -296,7 +296,8 @@ def in_stock(level: object) -> bool:
     return str(level).strip().upper() != "NONE"
 
 
-def _positive(value: object) -> bool:
+def _positive(value: object) -> TypeGuard[int | float]:
+    """A number above zero (RunPod writes absent figures as 0 or null)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 

@@ -41,7 +41,8 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
     dtype = _dtype()
     kwargs: dict[str, Any] = {"dtype": dtype, "token": token}
     if adapter.type == "qlora":
-        kwargs["quantization_config"] = BitsAndBytesConfig(
+        # transformers leaves BitsAndBytesConfig.__init__ unannotated.
+        kwargs["quantization_config"] = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_compute_dtype=dtype,
@@ -59,7 +60,8 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
     # Non-reentrant: the variant that works with frozen base weights and no input grads.
     checkpointing_kwargs = {"use_reentrant": False}
     if adapter.type == "qlora":
-        model = prepare_model_for_kbit_training(
+        # peft leaves prepare_model_for_kbit_training unannotated.
+        model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model,
             use_gradient_checkpointing=checkpointing,
             gradient_checkpointing_kwargs=checkpointing_kwargs,
@@ -68,7 +70,8 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs)
     config = LoraConfig(
         r=adapter.r,
-        lora_alpha=adapter.alpha,
+        # peft annotates int, yet scales by alpha / r in floating point: any positive number.
+        lora_alpha=adapter.alpha,  # type: ignore[arg-type]
         lora_dropout=adapter.dropout,
         target_modules=target_modules(spec),
         use_dora=adapter.type == "dora",
@@ -76,11 +79,11 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
         task_type="CAUSAL_LM",
     )
     try:
-        model = get_peft_model(model, config)
+        peft_model = get_peft_model(model, config)
     except ValueError as exc:  # e.g. "Target modules {...} not found in the base model"
         raise ExecutorError(
             INVALID_MODEL,
             f"cannot attach a {adapter.type} adapter to {spec.model!r}: {exc}. Set "
             'adapter.target_modules to module names this model has, or "all-linear"',
         ) from exc
-    return model, tokenizer
+    return peft_model, tokenizer
