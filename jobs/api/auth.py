@@ -23,7 +23,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key = api_key_authenticate(raw=raw.strip())
         if key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
-        if not key.is_member:  # type: ignore[attr-defined]
+        if not key.is_member:  # type: ignore[attr-defined]  # see pyproject [tool.mypy]
             raise exceptions.AuthenticationFailed(
                 f"This API key's user is no longer a member of project '{key.project.slug}'."
             )

@@ -7,7 +7,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
     target_class = "jobs.api.auth.ApiKeyAuthentication"
     name = "ApiKey"
 
-    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+    def get_security_definition(self, auto_schema):
         return {
             "type": "http",
             "scheme": "bearer",

@@ -264,7 +264,7 @@ class CredentialListView(APIView):
             project=request_project(request),
             provider=str(body.get("provider", "")),
             name=name,
-            secrets=body.get("secrets"),  # type: ignore[arg-type]
+            secrets=body.get("secrets"),
         )
         return Response(p.credential_json(credential), status=status.HTTP_201_CREATED)
 

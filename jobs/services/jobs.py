@@ -181,8 +181,8 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
     return parsed
 
 
-def spec_to_json(value: object) -> dict[str, Any]:
-    out = asdict(value)  # type: ignore[call-overload]
+def spec_to_json(value: spec.AdapterSpec | spec.Hyperparameters) -> dict[str, Any]:
+    out = asdict(value)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
 

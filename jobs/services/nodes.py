@@ -123,9 +123,11 @@ def _why_offline(node: GpuNode) -> str:
 
 
 def _int(value: object) -> int:
+    if not isinstance(value, int | float | str):
+        return 0
     try:
-        return max(0, int(value))  # type: ignore[call-overload]
-    except (TypeError, ValueError, OverflowError):
+        return max(0, int(value))
+    except (ValueError, OverflowError):
         return 0
 
 

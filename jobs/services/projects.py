@@ -106,7 +106,7 @@ def api_key_revoke(*, key: ApiKey) -> None:
 
 
 def credential_create(
-    *, project: Project, provider: str, name: str, secrets: dict[str, object]
+    *, project: Project, provider: str, name: str, secrets: object
 ) -> ProviderCredential:
     fields = CREDENTIAL_KINDS.get(provider)
     if fields is None:

@@ -85,7 +85,7 @@ def storage_sweep(*, now: datetime | None = None) -> SweepReport:
     )
 
 
-def _jobs_due(now: datetime):  # type: ignore[no-untyped-def]
+def _jobs_due(now: datetime):
     grace = timedelta(seconds=settings.TRAINHUB_CHECKPOINT_RETENTION_SECONDS)
     finished = Q(status=JobStatus.SUCCEEDED, finished_at__lte=now) | Q(
         status__in=[JobStatus.FAILED, JobStatus.CANCELLED], finished_at__lte=now - grace
