@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_worker import backends, checkpoints, transfer
+from gpu_worker.backends.loading import is_oom
 from gpu_worker.bundle import BundleError
 from gpu_worker.datasets import DatasetError, detect_format, iter_examples
 from gpu_worker.errors import (
@@ -124,7 +125,7 @@ def run(
     except ExecutorError as exc:
         result = RunResult(Outcome.FAILED, exc.reason, exc.message)
     except Exception as exc:
-        if backends.is_oom(exc):
+        if is_oom(exc):
             result = RunResult(Outcome.FAILED, OOM, f"out of memory: {exc}")
         else:
             log.exception("executor crashed")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_worker import backends, checkpoints
+from gpu_worker.backends.loading import is_oom
 from gpu_worker.errors import CANCELLED, OOM, TIMEOUT, Cancelled, ExecutorError
 from gpu_worker.formatting import PadCollator, pad_token_id
 
@@ -245,7 +246,7 @@ def train_with_oom_hint(trainer: Any, spec: JobSpec, resume_dir: Path | None) ->
     try:
         return trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
     except Exception as exc:
-        if not backends.is_oom(exc):
+        if not is_oom(exc):
             raise
         hp = spec.hyperparameters
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker.backends import hub_token, model_load_error
+from gpu_worker.backends.loading import hub_token, model_load_error
 from gpu_worker.errors import INVALID_MODEL, ExecutorError
 from gpu_worker.spec import ALL_LINEAR
 

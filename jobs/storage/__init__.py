@@ -5,19 +5,17 @@ Two backends, chosen by ``TRAINHUB_STORAGE``: ``local`` (a folder; the embedded 
 functions here and never sees which backend is in use.
 
 - keys.py      the layout: ``projects/<pk>/files/…``, ``projects/<pk>/jobs/<job>/…``
-- local.py     filesystem backend; transfer.py its signed ``/transfer/`` route (GET with Range,
-               PUT with size, sha256 and Content-MD5 checks)
+- local.py     filesystem backend; grants.py signs its transfer URLs; transfer.py their
+               ``/transfer/`` route (GET with Range, PUT with size, sha256 and Content-MD5 checks)
+- configured.py  the backend TRAINHUB_STORAGE names
 - s3.py        S3 backend: streamed multipart writes with SHA-256 checksums, presigned URLs
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
 
 from jobs.storage import transfer
@@ -25,7 +23,6 @@ from jobs.storage.base import (
     CHUNK_BYTES,
     MAX_PUT_BYTES,
     MAX_URL_TTL_SECONDS,
-    Backend,
     HashMismatch,
     ObjectInfo,
     ObjectMissing,
@@ -34,6 +31,8 @@ from jobs.storage.base import (
     Transfer,
     check_sha256,
 )
+from jobs.storage.configured import backend
+from jobs.storage.grants import METHODS
 from jobs.storage.keys import (
     bundle_key,
     checkpoint_key,
@@ -42,7 +41,6 @@ from jobs.storage.keys import (
     training_file_key,
 )
 from jobs.storage.local import LocalBackend
-from jobs.storage.s3 import S3Backend
 
 __all__ = [
     "CHUNK_BYTES",
@@ -71,38 +69,8 @@ __all__ = [
     "transfer_url",
 ]
 
-METHODS = transfer.METHODS
 # A client redirected to S3 starts its download within this; resuming later asks the API again.
 DOWNLOAD_URL_TTL_SECONDS = 15 * 60
-
-
-def backend() -> Backend:
-    """The configured backend (cached per configuration, so tests can switch settings)."""
-    kind = settings.TRAINHUB_STORAGE
-    if kind == "local":
-        return _local(str(settings.TRAINHUB_STORAGE_DIR))
-    if kind == "s3":
-        if not settings.TRAINHUB_S3_BUCKET:
-            raise ImproperlyConfigured("TRAINHUB_STORAGE=s3 needs TRAINHUB_S3_BUCKET.")
-        return _s3(
-            settings.TRAINHUB_S3_BUCKET,
-            settings.TRAINHUB_S3_REGION,
-            settings.TRAINHUB_S3_ENDPOINT_URL,
-            settings.TRAINHUB_S3_ADDRESSING_STYLE,
-        )
-    raise ImproperlyConfigured(f"TRAINHUB_STORAGE must be 'local' or 's3', not {kind!r}.")
-
-
-@functools.lru_cache(maxsize=8)
-def _local(root: str) -> LocalBackend:
-    return LocalBackend(Path(root))
-
-
-@functools.lru_cache(maxsize=8)
-def _s3(bucket: str, region: str, endpoint_url: str, addressing_style: str) -> S3Backend:
-    return S3Backend(
-        bucket=bucket, region=region, endpoint_url=endpoint_url, addressing_style=addressing_style
-    )
 
 
 def save_stream(

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from jobs.storage import transfer
+from jobs.storage import grants
 from jobs.storage.base import (
     CHUNK_BYTES,
     HashMismatch,
@@ -115,7 +115,7 @@ class LocalBackend:
 
     def transfer_url(self, grant: Transfer) -> str:
         self.path(grant.key)  # refuse a bad key now, not when the URL is used
-        return transfer.sign(grant)
+        return grants.sign(grant)
 
     def download_url(self, key: str, *, filename: str, ttl_seconds: int) -> str | None:
         return None  # the web process streams the file itself (jobs.storage.transfer.serve)

@@ -23,41 +23,17 @@ import re
 import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
-from urllib.parse import urlencode
 
-from django.conf import settings
 from django.core import signing
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from jobs.api.errors import error_body
-from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge, Transfer
+from jobs.storage import configured
+from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge
+from jobs.storage.grants import METHODS, SALT
 
-SALT = "trainhub.transfer"
-METHODS = ("GET", "PUT")
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
-
-
-def sign(grant: Transfer) -> str:
-    """An absolute URL on this control plane that allows what ``grant`` says (checked by
-    ``jobs.storage.transfer_url``): on TRAINHUB_PUBLIC_URL for machines outside the
-    operator's network, else on TRAINHUB_CONTROL_URL (GPU nodes)."""
-    payload: dict[str, Any] = {
-        "key": grant.key,
-        "method": grant.method,
-        "exp": int(time.time()) + grant.ttl_seconds,
-    }
-    if grant.method == "PUT":
-        payload["max_bytes"] = grant.size if grant.size is not None else grant.max_bytes
-        if grant.size is not None:
-            payload["size"] = grant.size
-        if grant.sha256 is not None:
-            payload["sha256"] = grant.sha256
-    token = signing.dumps(payload, salt=SALT, compress=True)
-    base = settings.TRAINHUB_PUBLIC_URL if grant.public else settings.TRAINHUB_CONTROL_URL
-    # In the query string, like an S3 presigned URL's credentials: the executor's messages
-    # strip query strings (gpu_worker.transfer.redact/scrub), so the token never reaches a log.
-    return f"{base.rstrip('/')}/transfer/?{urlencode({'t': token})}"
 
 
 class _Refused(Exception):
@@ -100,9 +76,7 @@ def transfer_view(request: HttpRequest) -> HttpResponseBase:
 
 
 def _local_backend() -> Any:
-    from jobs import storage
-
-    backend = storage.backend()
+    backend = configured.backend()
     if backend.name != "local":
         raise _Refused(
             404, "not_found", "This installation stores objects in S3; transfer URLs point there."
