@@ -38,6 +38,7 @@ from providers.errors import (
     RateLimited,
     TransientProviderError,
 )
+from providers.ratelimit import shared_limiter
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 DEFAULT_RETRY = RetryPolicy()
@@ -245,3 +246,12 @@ def parse_retry_after(response: requests.Response) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def shared_http(
+    provider: str, base_url: str, limits: Mapping[str, tuple[int, float]]
+) -> ProviderHTTP:
+    """The client of an adapter built from settings: paced by the installation's shared limiter."""
+    return ProviderHTTP(
+        provider=provider, base_url=base_url, limiter=shared_limiter(provider, limits)
+    )

@@ -40,8 +40,7 @@ from providers.base import (
     SshAddress,
 )
 from providers.errors import InstanceNotFound, NoCapacity, PermanentProviderError
-from providers.http import ProviderHTTP
-from providers.ratelimit import shared_limiter
+from providers.http import ProviderHTTP, shared_http
 
 TARGET = "runpod-pod"
 DEFAULT_URL = "https://api.runpod.io/v2"
@@ -331,11 +330,7 @@ def from_settings(secrets: Mapping[str, str]) -> RunpodPods:
 
     return RunpodPods(
         api_key=secrets["api_key"],
-        http=ProviderHTTP(
-            provider=TARGET,
-            base_url=settings.RUNPOD_REST_URL,
-            limiter=shared_limiter(TARGET, RATE_LIMITS),
-        ),
+        http=shared_http(TARGET, settings.RUNPOD_REST_URL, RATE_LIMITS),
         image=settings.RUNPOD_POD_IMAGE,
         gpu_types=settings.RUNPOD_POD_GPU_TYPES,
         cloud=settings.RUNPOD_POD_CLOUD,

@@ -27,8 +27,7 @@ from typing import Any
 from gpu_worker import errors as executor_errors
 from providers.base import Handle, LaunchRequest, RemoteState, RemoteStatus
 from providers.errors import InstanceNotFound, RateLimited, TransientProviderError
-from providers.http import ProviderHTTP
-from providers.ratelimit import shared_limiter
+from providers.http import ProviderHTTP, shared_http
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +136,7 @@ def from_settings(secrets: Mapping[str, str]) -> RunpodServerless:
     return RunpodServerless(
         api_key=secrets["api_key"],
         endpoint_id=settings.RUNPOD_ENDPOINT_ID,
-        http=ProviderHTTP(
-            provider="runpod-serverless",
-            base_url=settings.RUNPOD_SERVERLESS_URL,
-            limiter=shared_limiter("runpod-serverless", RATE_LIMITS),
-        ),
+        http=shared_http("runpod-serverless", settings.RUNPOD_SERVERLESS_URL, RATE_LIMITS),
     )
 
 

@@ -41,13 +41,12 @@ from providers.errors import (
     RateLimited,
     TransientProviderError,
 )
-from providers.http import ProviderHTTP
+from providers.http import ProviderHTTP, shared_http
 from providers.lambda_cloud.api import DEFAULT_URL, RATE_LIMITS, SSH_PORT, SSH_USER, TARGET
 from providers.lambda_cloud.codes import ERROR_CODES, translate
 from providers.lambda_cloud.keys import KEY_PREFIX, OUR_KEY, key_name
 from providers.lambda_cloud.offers import offers_from_types, parse_gpu
 from providers.lambda_cloud.states import STATUS_MAP, instance_state
-from providers.ratelimit import shared_limiter
 
 __all__ = [
     "DEFAULT_URL",
@@ -295,11 +294,7 @@ def from_settings(secrets: Mapping[str, str]) -> LambdaCloud:
 
     return LambdaCloud(
         api_key=secrets["api_key"],
-        http=ProviderHTTP(
-            provider=TARGET,
-            base_url=settings.LAMBDA_API_URL,
-            limiter=shared_limiter(TARGET, RATE_LIMITS),
-        ),
+        http=shared_http(TARGET, settings.LAMBDA_API_URL, RATE_LIMITS),
         instance_types=settings.LAMBDA_INSTANCE_TYPES,
         regions=settings.LAMBDA_REGIONS,
     )

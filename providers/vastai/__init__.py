@@ -46,8 +46,7 @@ from providers.errors import (
     ProviderError,
     TransientProviderError,
 )
-from providers.http import ProviderHTTP
-from providers.ratelimit import shared_limiter
+from providers.http import ProviderHTTP, shared_http
 from providers.vastai.api import DEFAULT_URL, MIB_IN_GB, RATE_LIMITS, SEARCH_LIMIT, TARGET
 from providers.vastai.offers import gpu_count, offer_from_ask
 from providers.vastai.refusals import GONE_CODES, create_failure, error_code, refusal, said
@@ -313,11 +312,7 @@ def from_settings(secrets: Mapping[str, str]) -> VastAI:
 
     return VastAI(
         api_key=secrets["api_key"],
-        http=ProviderHTTP(
-            provider=TARGET,
-            base_url=settings.VAST_API_URL,
-            limiter=shared_limiter(TARGET, RATE_LIMITS),
-        ),
+        http=shared_http(TARGET, settings.VAST_API_URL, RATE_LIMITS),
         image=settings.VAST_IMAGE,
         disk_gb=settings.VAST_DISK_GB,
         min_reliability=settings.VAST_MIN_RELIABILITY,
