@@ -21,6 +21,8 @@ from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import PermanentProviderError
 from tests.fakes.adapter import register_fake
+from tests.jobs._cloud import poll_due
+from tests.jobs._db import fresh
 
 S = JobStatus
 
@@ -34,20 +36,9 @@ def _no_stale_locks() -> None:
     redis_client().delete(f"trainhub:lock:{POLL_LOCK}", f"trainhub:lock:{EXPIRE_LOCK}")
 
 
-def poll_due() -> None:
-    """One poll cycle with every live attempt due (launches schedule their first poll later)."""
-    JobAttempt.objects.update(next_poll_at=None)
-    tasks.poll_target("fake-cloud")
-
-
-def _fresh(obj):
-    obj.refresh_from_db()
-    return obj
-
-
 @pytest.fixture
 def cloud_job(fake_cloud, make_job, django_capture_on_commit_callbacks, sent) -> TrainingJob:
-    """A queued job on the fake target; creating it sent SUBMIT_ATTEMPT on commit."""
+    """A queued job on the fake target; creating it sent PLACE_JOB on commit."""
     with django_capture_on_commit_callbacks(execute=True):
         job = make_job(target="fake-cloud")
     assert job.status == S.QUEUED
@@ -59,7 +50,7 @@ def cloud_job(fake_cloud, make_job, django_capture_on_commit_callbacks, sent) ->
 @pytest.fixture
 def launched(cloud_job, fake_cloud) -> tuple[TrainingJob, JobAttempt]:
     tasks.place_job(cloud_job.pk)
-    return _fresh(cloud_job), JobAttempt.objects.get(job=cloud_job, number=1)
+    return fresh(cloud_job), JobAttempt.objects.get(job=cloud_job, number=1)
 
 
 # --- cloud flow ---------------------------------------------------------------------------------
@@ -75,7 +66,7 @@ def test_submit_launches_a_named_machine_and_stores_its_id(cloud_job, fake_cloud
     attempt = JobAttempt.objects.get(job=cloud_job)
     assert attempt.number == 1 and attempt.target == "fake-cloud"
     assert attempt.provider_instance_id == "fake-cloud-i1"
-    assert _fresh(cloud_job).status == S.PROVISIONING
+    assert fresh(cloud_job).status == S.PROVISIONING
 
     # A redelivered SUBMIT_ATTEMPT must not rent a second machine.
     tasks.place_job(cloud_job.pk)
@@ -112,8 +103,8 @@ def test_poll_pending_renews_the_lease_only(launched, fake_cloud) -> None:
         lease_expires_at=timezone.now() + timedelta(seconds=5)
     )
     poll_due()  # the fake reports a fresh launch as pending
-    assert _fresh(job).status == S.PROVISIONING
-    assert _fresh(attempt).lease_expires_at > timezone.now() + timedelta(seconds=60)
+    assert fresh(job).status == S.PROVISIONING
+    assert fresh(attempt).lease_expires_at > timezone.now() + timedelta(seconds=60)
 
 
 def test_poll_lost_requeues_and_stops_only_the_lost_machine(
@@ -127,7 +118,7 @@ def test_poll_lost_requeues_and_stops_only_the_lost_machine(
 
     first.refresh_from_db()
     assert first.end_reason == "worker_lost" and first.ended_at is not None
-    assert _fresh(job).status == S.QUEUED
+    assert fresh(job).status == S.QUEUED
     assert sent.named(cc.PLACE_JOB) == [[job.pk]]
     assert sent.named(cc.STOP_MACHINES) == [[job.pk]], "the lost machine is terminated"
 
@@ -138,16 +129,16 @@ def test_poll_lost_requeues_and_stops_only_the_lost_machine(
     tasks.stop_machines(job.pk)
 
     assert fake_cloud.cancelled_ids == [first.provider_instance_id]
-    assert _fresh(second).ended_at is None, "the stop of attempt 1 leaves attempt 2 running"
-    assert _fresh(job).status == S.PROVISIONING
+    assert fresh(second).ended_at is None, "the stop of attempt 1 leaves attempt 2 running"
+    assert fresh(job).status == S.PROVISIONING
 
 
 def test_instance_missing_from_the_poll_counts_as_lost(launched, fake_cloud, sent) -> None:
     job, attempt = launched
     del fake_cloud.states[attempt.provider_instance_id]
     poll_due()
-    assert _fresh(attempt).end_reason == "worker_lost"
-    assert _fresh(job).status == S.QUEUED
+    assert fresh(attempt).end_reason == "worker_lost"
+    assert fresh(job).status == S.QUEUED
 
 
 def test_lost_on_the_last_attempt_fails_the_job(fake_cloud, make_job, sent) -> None:
@@ -179,7 +170,7 @@ def test_poll_succeeded_and_failed_reports(
     with django_capture_on_commit_callbacks(execute=True):
         poll_due()
 
-    assert _fresh(ok).status == S.FINALIZING
+    assert fresh(ok).status == S.FINALIZING
     assert sent.named(cc.INGEST_ARTIFACT) == [[JobAttempt.objects.get(job=ok).pk, ""]]
     bad.refresh_from_db()
     assert (bad.status, bad.error_code) == (S.FAILED, "oom")
@@ -195,7 +186,7 @@ def test_cancel_stops_the_machine_and_cancels_the_job(
     job, attempt = launched
     with django_capture_on_commit_callbacks(execute=True):
         job_cancel(job=job)
-    assert _fresh(job).status == S.CANCELLING
+    assert fresh(job).status == S.CANCELLING
     assert sent.named(cc.STOP_MACHINES) == [[job.pk]]
 
     tasks.stop_machines(job.pk)
@@ -204,7 +195,7 @@ def test_cancel_stops_the_machine_and_cancels_the_job(
     assert fake_cloud.cancels[0].name == f"trainhub-{job.public_id}-a1"
     attempt.refresh_from_db()
     assert attempt.ended_at is None and attempt.stop_requested_at is not None
-    assert _fresh(job).status == S.CANCELLING, "cancelling until the provider confirms"
+    assert fresh(job).status == S.CANCELLING, "cancelling until the provider confirms"
 
     poll_due()  # the provider now reports the machine cancelled: the stop is confirmed
     attempt.refresh_from_db()
@@ -212,7 +203,7 @@ def test_cancel_stops_the_machine_and_cancels_the_job(
     job.refresh_from_db()
     assert job.status == S.CANCELLED and job.finished_at is not None
     tasks.stop_machines(job.pk)  # a repeat is harmless (cancel is idempotent)
-    assert _fresh(job).status == S.CANCELLED
+    assert fresh(job).status == S.CANCELLED
 
 
 @pytest.mark.django_db(transaction=True)
@@ -239,7 +230,7 @@ def test_cancel_while_the_launch_is_in_flight_still_stops_the_machine(
     tasks.stop_machines(job.pk)
     assert fake_cloud.cancelled_ids == ["fake-cloud-i1"]
     poll_due()
-    assert _fresh(job).status == S.CANCELLED
+    assert fresh(job).status == S.CANCELLED
 
 
 def test_failed_launch_fails_the_job_with_the_provider_error(
@@ -264,7 +255,7 @@ def test_failed_launch_fails_the_job_with_the_provider_error(
     assert sent.named(cc.PLACE_JOB) == [[cloud_job.pk]]
     tasks.place_job(cloud_job.pk)
     assert fake_cloud.launches[-1].name == f"trainhub-{cloud_job.public_id}-a2"
-    assert _fresh(cloud_job).status == S.PROVISIONING
+    assert fresh(cloud_job).status == S.PROVISIONING
 
 
 def test_submit_ignores_jobs_that_are_not_queued_or_not_cloud(
@@ -275,7 +266,7 @@ def test_submit_ignores_jobs_that_are_not_queued_or_not_cloud(
     local = make_job()
     tasks.place_job(local.pk)
     assert fake_cloud.launches == []
-    assert _fresh(local).status == S.QUEUED
+    assert fresh(local).status == S.QUEUED
     assert not JobAttempt.objects.exists()
 
 
@@ -313,11 +304,11 @@ def test_poll_target_skips_while_another_poller_holds_the_lock(launched, fake_cl
         assert redis_client().exists(f"trainhub:lock:{POLL_LOCK}")
         poll_due()
         assert len(fake_cloud.polls) == polls
-        assert _fresh(job).status == S.PROVISIONING
+        assert fresh(job).status == S.PROVISIONING
 
     poll_due()
     assert len(fake_cloud.polls) == polls + 1
-    assert _fresh(job).status == S.RUNNING
+    assert fresh(job).status == S.RUNNING
     assert not redis_client().exists(f"trainhub:lock:{POLL_LOCK}"), "released after the cycle"
 
 
@@ -331,11 +322,11 @@ def test_expire_leases_skips_while_the_lock_is_held(make_job) -> None:
     with try_lock(EXPIRE_LOCK, ttl_seconds=30) as held:
         assert held
         tasks.expire_leases()
-        assert _fresh(attempt).ended_at is None
+        assert fresh(attempt).ended_at is None
 
     tasks.expire_leases()
-    assert _fresh(attempt).end_reason == "lease_expired"
-    assert _fresh(job).status == S.QUEUED
+    assert fresh(attempt).end_reason == "lease_expired"
+    assert fresh(job).status == S.QUEUED
 
 
 def test_record_events_task_stores_through_the_service(make_job) -> None:
@@ -344,7 +335,7 @@ def test_record_events_task_stores_through_the_service(make_job) -> None:
     tasks.record_events(
         job.public_id, 1, [{"seq": 0, "type": "status", "data": {"status": "running"}}]
     )
-    assert _fresh(job).status == S.RUNNING
+    assert fresh(job).status == S.RUNNING
 
 
 def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
