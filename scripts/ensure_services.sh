@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Make sure the PostgreSQL and Redis that the tests use answer on 127.0.0.1, starting them if
-# they are installed but down, and create the test database; install openssh-server for the SSH
-# tests (as root; otherwise say how, and those tests are skipped). Idempotent; one line each.
+# Make sure the PostgreSQL and Redis that the tests use answer on 127.0.0.1 (installed as root
+# when missing, started when down) and create the test database; install openssh-server for the
+# SSH tests (as root; otherwise say how, and those tests are skipped). Idempotent; one line each.
 set -euo pipefail
 
 PG_HOST=127.0.0.1
@@ -15,6 +15,23 @@ WAIT_S=30
 die() {
     echo "ensure_services: $*" >&2
     exit 1
+}
+
+can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
+
+apt_install() { # apt_install <package>: quietly, refreshing the lists only when needed
+    local package="$1" log
+    log="$(mktemp -t trainhub-apt.XXXXXX.log)"
+    install() {
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "$package" >>"$log" 2>&1
+    }
+    if ! apt-cache show "$package" >/dev/null 2>&1 || ! install; then
+        apt-get update -qq >>"$log" 2>&1 && install \
+            || { tail -n 30 "$log" >&2; die "installing $package failed (log above, in full: $log)"; }
+    fi
+    rm -f "$log"
+    echo "$package: installed"
 }
 
 pg_up() { pg_isready -q -h "$PG_HOST" -p "$PG_PORT" >/dev/null 2>&1; }
@@ -32,6 +49,16 @@ wait_for() { # wait_for <name> <check-function>
 }
 
 # --- PostgreSQL ---------------------------------------------------------------------------------
+if ! command -v pg_ctlcluster >/dev/null 2>&1 && ! pg_up && can_install; then
+    apt_install postgresql
+    # A fresh Debian cluster asks for passwords over TCP; the tests connect as postgres without
+    # one (the throwaway local setup README describes), so trust loopback connections.
+    for hba in /etc/postgresql/*/main/pg_hba.conf; do
+        sed -i -E 's#^(host\s+all\s+all\s+(127\.0\.0\.1/32|::1/128)\s+)\S+#\1trust#' "$hba"
+    done
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n 1)" main \
+        restart >/dev/null 2>&1 || true
+fi
 if ! command -v pg_isready >/dev/null 2>&1 || ! command -v psql >/dev/null 2>&1; then
     die "PostgreSQL client tools not found (pg_isready, psql). Install PostgreSQL: apt-get install -y postgresql"
 fi
@@ -53,6 +80,9 @@ fi
 if redis_up; then
     echo "redis: answering on $REDIS_HOST:$REDIS_PORT"
 else
+    if ! command -v redis-server >/dev/null 2>&1 && can_install; then
+        apt_install redis-server
+    fi
     if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
         die "Redis is not running on $REDIS_HOST:$REDIS_PORT and redis-server is not installed. Install it: apt-get install -y redis-server"
     fi
@@ -82,20 +112,9 @@ SSHD=/usr/sbin/sshd
 SSH_PACKAGE=openssh-server
 if [ -x "$SSHD" ]; then
     echo "$SSH_PACKAGE: $SSHD present"
-elif [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+elif ! can_install; then
     echo "$SSH_PACKAGE: $SSHD missing, so the SSH tests will be skipped; install it: sudo apt-get install -y $SSH_PACKAGE"
 else
-    apt_log="$(mktemp -t trainhub-apt.XXXXXX.log)"
-    apt_install() {
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            "$SSH_PACKAGE" >>"$apt_log" 2>&1
-    }
-    # Refresh the package lists only when they do not know the package or are too old to fetch it.
-    if ! apt-cache show "$SSH_PACKAGE" >/dev/null 2>&1 || ! apt_install; then
-        apt-get update -qq >>"$apt_log" 2>&1 && apt_install \
-            || { tail -n 30 "$apt_log" >&2; die "installing $SSH_PACKAGE failed (log above, in full: $apt_log)"; }
-    fi
-    [ -x "$SSHD" ] || die "$SSH_PACKAGE installed but $SSHD is missing (apt log: $apt_log)"
-    rm -f "$apt_log"
-    echo "$SSH_PACKAGE: installed ($SSHD)"
+    apt_install "$SSH_PACKAGE"
+    [ -x "$SSHD" ] || die "$SSH_PACKAGE installed but $SSHD is missing"
 fi
