@@ -209,10 +209,13 @@ def attempt_record_events(
     return len(stored)
 
 
+_OUTCOMES = frozenset(o.value for o in Outcome)
+
+
 def _outcome(value: object) -> Outcome | None:
     """The reported status as an Outcome; None for one this control plane does not act on
     (remote input)."""
-    if isinstance(value, str) and value in {o.value for o in Outcome}:
+    if isinstance(value, str) and value in _OUTCOMES:
         return Outcome(value)
     return None
 
