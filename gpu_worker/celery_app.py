@@ -1,21 +1,26 @@
 """The GPU node's Celery app: ``celery -A gpu_worker.celery_app worker -c 1
---prefetch-multiplier 1 -n <name>@%h`` (Procfile ``gpu``); it consumes ``gpu.node.<name>``
-(its default queue). No Django: a node holds the broker URL and its own token, nothing else
-(settings: gpu_worker.node).
+--prefetch-multiplier 1 --without-heartbeat --without-gossip --without-mingle -n <name>@%h``
+(Procfile ``gpu``); it consumes ``gpu.node.<name>`` (its default queue). No Django.
 
-- ``run_attempt`` (queue ``gpu.node.<name>``) is the thin supervisor (gpu_worker.supervisor).
-  ``acks_late`` + ``reject_on_worker_lost``: a message whose worker died is not lost, and its
-  redelivery is harmless because the attempt can be claimed once only.
+The broker is only a doorbell: the node connects as its own Redis user, which can read its own
+queue and nothing else (jobs/broker_acl.py), and never publishes. So everything a node sends
+goes over HTTPS with its token (gpu_worker.node_api), and the worker runs without remote
+control, events, gossip or mingle (all of which publish to shared channels).
+
+- ``run_attempt`` (queue ``gpu.node.<name>``, message ``{"job_id", "attempt"}``) is the thin
+  supervisor (gpu_worker.supervisor). ``acks_late`` + ``reject_on_worker_lost``; a message lost
+  with its worker is sent again by the control plane until the attempt is claimed, so kombu's
+  ack emulation (a hash shared by every queue) is off.
 - On start the worker registers (capabilities, labels) and then heartbeats from a thread of
-  the main process; on a clean stop it says so, so it goes offline at once.
-- The remote-control command ``trainhub_cancel_attempt`` (handled by the main process while
-  the task runs in the pool's child) writes the attempt's cancel file.
+  the main process; on a clean stop it says so, so it goes offline at once. An ephemeral node
+  stops itself (SIGTERM to the worker: a warm shutdown) after its one job.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -23,22 +28,33 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutting_down
-from celery.worker.control import control_command
 
 from gpu_worker import celery_conf as cc
 from gpu_worker import node as node_settings
 from gpu_worker import supervisor
+from gpu_worker.node_api import NodeApi
 
 log = logging.getLogger(__name__)
 
 NODE = node_settings.config()
 app = Celery("trainhub-gpu-node")
-app.conf.update(cc.base_config(NODE.broker_url))
+_config = cc.base_config(NODE.broker_url)
+app.conf.update(_config)
 app.conf.update(
+    # CELERY_BROKER_URL in the environment would override broker_url (without the node's
+    # credentials): the read and write URLs take precedence over both.
+    broker_read_url=NODE.broker_url,
+    broker_write_url=NODE.broker_url,
     task_default_queue=NODE.queue,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_concurrency=1,
+    worker_enable_remote_control=False,
+    worker_send_task_events=False,
+    broker_transport_options={
+        **_config["broker_transport_options"],  # type: ignore[dict-item]
+        "ack_emulation": False,
+    },
 )
 _stop = threading.Event()
 
@@ -48,28 +64,8 @@ def run_attempt(self: Any, message: dict[str, Any]) -> str:
     outcome = supervisor.run(message, NODE)
     if NODE.ephemeral and outcome != "refused":
         log.info("ephemeral node: shutting down after one job")
-        self.app.control.shutdown(destination=[self.request.hostname])
+        os.kill(os.getppid(), signal.SIGTERM)  # the worker's main process: a warm shutdown
     return outcome
-
-
-@control_command(
-    name=cc.CANCEL_ATTEMPT_COMMAND,
-    args=[("job_id", str), ("attempt", int)],
-    signature="<job_id> <attempt>",
-)
-def cancel_attempt(state: Any, job_id: str, attempt: int) -> dict[str, str]:
-    path = NODE.cancel_file(job_id, int(attempt))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    log.warning("cancel requested for %s attempt %s", job_id, attempt)
-    return {"ok": "cancel requested"}
-
-
-def _send(name: str, *args: object) -> None:
-    try:
-        app.send_task(name, args=list(args), queue=cc.DEFAULT_QUEUE, retry=False)
-    except Exception as exc:  # the broker may be restarting: the next beat tries again
-        log.warning("could not send %s: %s", name, exc)
 
 
 # Registration is repeated now and then: a registration lost to a broker restart must not
@@ -79,14 +75,18 @@ REREGISTER_EVERY = 10
 
 def _heartbeats(hostname: str) -> None:
     process = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
+    api = NodeApi(NODE)
     beats = 0
     while True:
+        report = None
         if beats % REREGISTER_EVERY == 0:
             report = node_settings.registration(NODE, hostname, process)
-            _send(cc.NODE_REGISTER, NODE.name, NODE.token, report)
-        else:
-            _send(cc.NODE_HEARTBEAT, NODE.name, NODE.token)
-        beats += 1
+        try:
+            api.heartbeat(registration=report)
+            beats += 1
+        except Exception as exc:  # the control plane may be restarting: the next beat tries
+            log.warning("heartbeat failed: %s", exc)
+            beats = 0  # register again once it answers
         if _stop.wait(NODE.heartbeat_seconds):
             return
 
@@ -103,4 +103,7 @@ def _start_heartbeats(sender: Any = None, **_: object) -> None:
 @worker_shutting_down.connect
 def _say_goodbye(**_: object) -> None:
     _stop.set()
-    _send(cc.NODE_STOPPING, NODE.name, NODE.token)
+    try:
+        NodeApi(NODE).heartbeat(stopping=True)
+    except Exception as exc:
+        log.warning("could not say goodbye (the heartbeat timeout will): %s", exc)

@@ -25,17 +25,13 @@ RECONCILE_PROVIDERS = "trainhub.reconcile_providers"
 PLACE_WAITING = "trainhub.place_waiting"
 INGEST_ARTIFACT = "trainhub.ingest_artifact"
 EXPIRE_LEASES = "trainhub.expire_leases"
-RECORD_EVENTS = "trainhub.record_events"
 DISPATCH = "trainhub.dispatch"
 FLEET_TICK = "trainhub.fleet_tick"
-NODE_REGISTER = "trainhub.node_register"
-NODE_HEARTBEAT = "trainhub.node_heartbeat"
-NODE_STOPPING = "trainhub.node_stopping"
 STORAGE_SWEEP = "trainhub.storage_sweep"
 PURGE_STORAGE = "trainhub.purge_storage"
-RUN_ATTEMPT = "gpu_worker.run_attempt"  # executed on a node queue
-# Remote-control command (broadcast to one node's worker): stop the attempt it runs.
-CANCEL_ATTEMPT_COMMAND = "trainhub_cancel_attempt"
+# Executed on a node queue. Its message carries ids only ({"job_id", "attempt"}): a node
+# fetches the spec (signed URLs and all) over HTTPS when it claims the attempt.
+RUN_ATTEMPT = "gpu_worker.run_attempt"
 
 POLL_INTERVAL_SECONDS = 10
 EXPIRE_LEASES_INTERVAL_SECONDS = 30
@@ -89,6 +85,23 @@ VISIBILITY_TIMEOUT_SECONDS = LONGEST_JOB_SECONDS + 3600
 def node_queue(node_name: str) -> str:
     """The queue a GPU node consumes; one per node so dispatch can pick the machine."""
     return f"{NODE_QUEUE_PREFIX}{node_name}"
+
+
+# kombu's Redis transport keeps a queue's priority levels in keys "<queue>" + this + level.
+_PRIORITY_SEP = "\x06\x16"
+
+
+def node_broker_username(node_name: str) -> str:
+    """The Redis ACL user a node connects as; its password is the node's token."""
+    return f"trainhub-node-{node_name}"
+
+
+def node_broker_keys(node_name: str) -> tuple[str, ...]:
+    """Key patterns (Redis ACL globs) of the node's own queue: the list, its priority levels
+    and kombu's binding sets. Node names are [A-Za-z0-9_.-], so they hold no glob syntax."""
+    queue = node_queue(node_name)
+    bindings = (f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+    return (queue, f"{queue}{_PRIORITY_SEP}*", *bindings)
 
 
 def base_config(broker_url: str) -> dict[str, object]:

@@ -6,12 +6,15 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 |---|---|
 | ``TRAINHUB_NODE_NAME`` | node name (default: the hostname); its queue is ``gpu.node.<name>`` |
 | ``TRAINHUB_NODE_TOKEN`` | the token shown once by ``POST /api/v1/nodes/`` (required) |
-| ``CELERY_BROKER_URL`` | the control plane's broker (required) |
+| ``TRAINHUB_CONTROL_URL`` | the control plane's base URL: claims, heartbeats, reports (required) |
+| ``CELERY_BROKER_URL`` | the broker, without credentials: the node adds its own user |
+|  | (``trainhub-node-<name>``, password its token) unless the URL names a user (required) |
 | ``TRAINHUB_NODE_LABELS`` | ``key=value,key=value`` for jobs' ``node_selector`` |
 | ``TRAINHUB_NODE_EPHEMERAL`` | ``1``: exit after one job |
 | ``TRAINHUB_NODE_GPUS`` | override the probe: ``NAME:VRAM_MIB,...`` (empty: no GPU) |
 | ``TRAINHUB_NODE_WORKDIR`` | scratch space for attempts (default: a directory under /tmp) |
 | ``TRAINHUB_NODE_HEARTBEAT_SECONDS`` | heartbeat period (30) |
+| ``TRAINHUB_NODE_CONTROL_POLL_SECONDS`` | while an attempt runs: how often to ask for a cancel (2) |
 | ``TRAINHUB_NODE_CANCEL_GRACE_SECONDS`` | after a cancel: wait this for the executor to stop by itself, then SIGTERM, then as long again before SIGKILL (30) |
 | ``TRAINHUB_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS`` | checkpoint cadence passed to the executor |
 """
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from gpu_worker import celery_conf
 
@@ -40,10 +44,12 @@ class NodeConfig:
     name: str
     token: str = field(repr=False)
     broker_url: str = field(repr=False)
+    control_url: str
     labels: dict[str, str]
     ephemeral: bool
     workdir: Path
     heartbeat_seconds: float
+    control_poll_seconds: float
     cancel_grace_seconds: float
     checkpoint_every_steps: int | None
     checkpoint_every_seconds: float | None
@@ -83,28 +89,48 @@ def config_from(env: dict[str, str]) -> NodeConfig:
     name = _NAME.sub("-", env.get("TRAINHUB_NODE_NAME") or socket.gethostname())[:100]
     token = env.get("TRAINHUB_NODE_TOKEN", "")
     broker = env.get("CELERY_BROKER_URL", "")
+    control_url = env.get("TRAINHUB_CONTROL_URL", "").rstrip("/")
     if not token:
         raise ValueError("TRAINHUB_NODE_TOKEN is not set: create the node (POST /api/v1/nodes/)")
     if not broker:
         raise ValueError("CELERY_BROKER_URL is not set: the node needs the control plane's broker")
+    if not control_url.startswith(("http://", "https://")):
+        raise ValueError(
+            "TRAINHUB_CONTROL_URL is not set to an http(s) URL: the node claims attempts and "
+            "reports to the control plane there"
+        )
     workdir = env.get("TRAINHUB_NODE_WORKDIR") or str(
         Path(tempfile.gettempdir()) / f"trainhub-node-{name}"
     )
     return NodeConfig(
         name=name,
         token=token,
-        broker_url=broker,
+        broker_url=with_node_credentials(broker, name, token),
+        control_url=control_url,
         labels=_parse_labels(env.get("TRAINHUB_NODE_LABELS", "")),
         ephemeral=env.get("TRAINHUB_NODE_EPHEMERAL", "").lower() in ("1", "true", "yes"),
         workdir=Path(workdir),
         heartbeat_seconds=float(
             env.get("TRAINHUB_NODE_HEARTBEAT_SECONDS") or celery_conf.NODE_HEARTBEAT_SECONDS
         ),
+        control_poll_seconds=float(env.get("TRAINHUB_NODE_CONTROL_POLL_SECONDS") or 2),
         cancel_grace_seconds=float(env.get("TRAINHUB_NODE_CANCEL_GRACE_SECONDS") or 30),
         checkpoint_every_steps=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_STEPS", int),
         checkpoint_every_seconds=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_SECONDS", float),
         gpus_override=env.get("TRAINHUB_NODE_GPUS"),
     )
+
+
+def with_node_credentials(broker_url: str, name: str, token: str) -> str:
+    """The broker URL as this node's own Redis user (``trainhub-node-<name>``, password its
+    token), which reaches only the node's queue. A URL that already names a user, and the
+    embedded broker's unix socket, are kept: single-tenant setups (docs/SECURITY.md)."""
+    parts = urlsplit(broker_url)
+    if parts.username or parts.scheme not in ("redis", "rediss"):
+        return broker_url
+    user = quote(celery_conf.node_broker_username(name), safe="")
+    netloc = f"{user}:{quote(token, safe='')}@{parts.netloc}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 # --- capabilities ---------------------------------------------------------------------------

@@ -4,9 +4,9 @@ One :class:`Reporter` per attempt numbers every event it creates (``seq`` 0, 1, 
 delivers them to one or more sinks, chosen by the spec's ``report`` block
 (gpu_worker.report_settings):
 
-* ``celery``: ``trainhub.record_events(job_id, attempt, events)`` messages (GPU nodes). The broker
-  URL comes from the constructor or ``CELERY_BROKER_URL``, never from the spec: a broker URL may
-  hold a password and the spec is written into provider job inputs and logs.
+* ``http``: POSTs to the attempt's events URL with its report token (GPU nodes). Both come from
+  the executor's environment, never from the spec: the spec is written into provider job
+  inputs and logs.
 * ``jsonl``: one JSON line per event appended to a file, which the control plane tails over SSH.
 * ``runpod``: ``runpod.serverless.progress_update`` with a rolling window of the latest events
   (RunPod keeps only the latest progress output).
@@ -42,12 +42,12 @@ from gpu_worker.events import MAX_MESSAGE_CHARS, jsonable, metrics_message
 from gpu_worker.events import level as event_level
 from gpu_worker.outcomes import Outcome
 from gpu_worker.report_settings import report_settings
-from gpu_worker.sinks import CelerySink, JsonlSink, MemorySink, RunpodSink, Sink
+from gpu_worker.sinks import HttpSink, JsonlSink, MemorySink, RunpodSink, Sink
 
 if TYPE_CHECKING:
     from gpu_worker.spec import JobSpec
 
-__all__ = ["CelerySink", "JsonlSink", "MemorySink", "Reporter", "RunpodSink", "Sink"]
+__all__ = ["HttpSink", "JsonlSink", "MemorySink", "Reporter", "RunpodSink", "Sink"]
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 50  # pending events that trigger a send

@@ -1,7 +1,7 @@
 """The reporter's settings from a spec's ``report`` block: which sinks, and how often to
 heartbeat, flush and send metrics::
 
-    {"sinks": [{"type": "celery"} | {"type": "jsonl", "path": "..."} | {"type": "runpod"}],
+    {"sinks": [{"type": "http"} | {"type": "jsonl", "path": "..."} | {"type": "runpod"}],
      "heartbeat_seconds": 30, "metrics_interval_seconds": 1, "flush_seconds": 5}
 """
 
@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_worker import celery_conf
-from gpu_worker.sinks import CelerySink, JsonlSink, RunpodSink, Sink
+from gpu_worker.sinks import HttpSink, JsonlSink, RunpodSink, Sink
 
 DEFAULT_JSONL_PATH = "events.jsonl"
 
@@ -66,23 +65,20 @@ def _seconds(
     return float(value)
 
 
-_SINK_TYPES = ("celery", "jsonl", "runpod")
+_SINK_TYPES = ("http", "jsonl", "runpod")
 
 
 def _sink_from_config(cfg: object, where: str, runpod_job: Mapping[str, Any] | None) -> Sink:
     if not isinstance(cfg, Mapping) or not isinstance(cfg.get("type"), str):
         raise ValueError(f'{where} must be an object with a "type" ({", ".join(_SINK_TYPES)})')
     kind = cfg["type"]
-    if kind == "celery":
-        if "broker_url" in cfg:
+    if kind == "http":
+        if set(cfg) - {"type"}:
             raise ValueError(
-                f"{where}.broker_url is not accepted: the executor reads CELERY_BROKER_URL from "
-                "its environment (a broker URL may hold a password; the spec is not secret)"
+                f"{where} takes no settings: the executor reads TRAINHUB_REPORT_URL and "
+                "TRAINHUB_REPORT_TOKEN from its environment (the spec is not secret)"
             )
-        queue = cfg.get("queue", celery_conf.DEFAULT_QUEUE)
-        if not isinstance(queue, str) or not queue:
-            raise ValueError(f"{where}.queue must be a queue name")
-        return CelerySink(queue=queue)
+        return HttpSink()
     if kind == "jsonl":
         path = cfg.get("path", DEFAULT_JSONL_PATH)
         if not isinstance(path, str) or not path:

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpu_worker import celery_conf
-
 RUNPOD_WINDOW = 200  # events carried by each RunPod progress update
+HTTP_BATCH = 200  # events per POST of the http sink
 
 
 class Sink(Protocol):
@@ -68,86 +67,45 @@ class JsonlSink:
         return f"JsonlSink({str(self.path)!r})"
 
 
-class CelerySink:
-    """Sends ``trainhub.record_events(job_id, attempt, events)`` to the control plane's queue.
+class HttpSink:
+    """POSTs each batch as ``{"events": [...]}`` to the attempt's events URL on the control
+    plane, with the attempt's report token (``Authorization: Bearer …``).
 
-    On a GPU node the supervisor passes the node's identity in ``TRAINHUB_NODE_NAME`` and
-    ``TRAINHUB_NODE_TOKEN``; they ride along as ``node``/``token`` keyword arguments, and the
-    control plane drops events of a node attempt that do not carry that node's current token.
-
-    Publishing is not retried by Celery/kombu (a dead broker raises within about
-    ``connect_timeout``); the reporter keeps the batch and re-sends it, which is the retry.
+    On a GPU node the supervisor passes both in ``TRAINHUB_REPORT_URL`` and
+    ``TRAINHUB_REPORT_TOKEN``; the token speaks for this one attempt only, so the executor
+    holds neither the node's token nor any broker credential. A failed POST raises; the
+    reporter keeps the batch and re-sends it, which is the retry.
     """
 
     def __init__(
-        self,
-        broker_url: str | None = None,
-        *,
-        queue: str = celery_conf.DEFAULT_QUEUE,
-        connect_timeout: float = 3.0,
-        node: str | None = None,
-        token: str | None = None,
+        self, url: str | None = None, token: str | None = None, *, timeout: float = 10.0
     ) -> None:
-        url = broker_url or os.environ.get("CELERY_BROKER_URL", "")
-        if not url:
+        self.url = url or os.environ.get("TRAINHUB_REPORT_URL", "")
+        token = token or os.environ.get("TRAINHUB_REPORT_TOKEN", "")
+        if not self.url or not token:
             raise ValueError(
-                "the celery report sink needs a broker: set CELERY_BROKER_URL in the executor's "
-                "environment (it is never read from the job spec)"
+                "the http report sink needs TRAINHUB_REPORT_URL and TRAINHUB_REPORT_TOKEN in the "
+                "executor's environment (the node's supervisor sets them; never the job spec)"
             )
-        self._broker_url = url
-        self.queue = queue
-        node = node or os.environ.get("TRAINHUB_NODE_NAME", "")
-        token = token or os.environ.get("TRAINHUB_NODE_TOKEN", "")
-        self._identity = {"node": node, "token": token} if node and token else {}
-        self._connect_timeout = connect_timeout
-        self._app: Any = None
-        self._app_lock = threading.Lock()
+        import requests  # lazy: only node executors report over HTTP
 
-    def _celery(self) -> Any:
-        with self._app_lock:
-            if self._app is None:
-                from celery import Celery  # lazy: RunPod/SSH executors need not import Celery
-
-                config = celery_conf.base_config(self._broker_url)
-                transport = dict(config["broker_transport_options"])  # type: ignore[call-overload]
-                # kombu's own reconnect loop (2 s, 4 s, ...) and redis-py's retries would hold
-                # the training thread for seconds per attempt; the reporter re-sends instead.
-                transport.update(
-                    max_retries=0,
-                    socket_connect_timeout=self._connect_timeout,
-                    socket_timeout=max(self._connect_timeout, 10.0),
-                )
-                config.update(
-                    # Celery lets the CELERY_BROKER_URL environment variable override broker_url;
-                    # publishing reads broker_write_url first, so this URL is the one used.
-                    broker_write_url=self._broker_url,
-                    broker_transport_options=transport,
-                    broker_connection_timeout=self._connect_timeout,
-                    broker_connection_retry_on_startup=False,
-                )
-                app = Celery("trainhub-executor-report", set_as_current=False)
-                app.conf.update(config)
-                self._app = app
-            return self._app
+        self._session = requests.Session()
+        self._session.headers["Authorization"] = f"Bearer {token}"
+        self._timeout = timeout
 
     def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
-        self._celery().send_task(
-            celery_conf.RECORD_EVENTS,
-            args=[job_id, attempt, events],
-            kwargs=self._identity,
-            queue=self.queue,
-            retry=False,
-            ignore_result=True,
-        )
+        # A backlog after an outage goes in parts the control plane stores whole (it keeps at
+        # most jobs.services.events.MAX_EVENTS_PER_BATCH routine events from one request).
+        for start in range(0, len(events), HTTP_BATCH):
+            part = events[start : start + HTTP_BATCH]
+            resp = self._session.post(self.url, json={"events": part}, timeout=self._timeout)
+            resp.raise_for_status()
 
     def close(self) -> None:
-        with self._app_lock:
-            if self._app is not None:
-                self._app.close()
-                self._app = None
+        self._session.close()
 
-    def __repr__(self) -> str:  # never show the URL: it may hold a password
-        return f"CelerySink(queue={self.queue!r})"
+    def __repr__(self) -> str:  # never the token
+        return f"HttpSink({self.url!r})"
 
 
 class RunpodSink:

@@ -94,15 +94,6 @@ def expire_leases() -> None:
     attempts.attempts_expire_leases()
 
 
-@shared_task(name=cc.RECORD_EVENTS, ignore_result=True)
-def record_events(
-    job_id: str, attempt: int, events: list[dict], node: str | None = None, token: str | None = None
-) -> None:
-    attempts.attempt_record_events(
-        job_id=job_id, attempt_number=attempt, events=events, node=node, token=token
-    )
-
-
 # --- the own GPU fleet ------------------------------------------------------------------------
 
 
@@ -114,26 +105,12 @@ def dispatch_jobs() -> None:
 @shared_task(name=cc.FLEET_TICK, ignore_result=True)
 @single_runner("fleet-tick", ttl_seconds=cc.FLEET_TICK_INTERVAL_SECONDS * 6)
 def fleet_tick() -> None:
-    """Beat: nodes gone silent go offline, lost messages are sent again, then dispatch."""
+    """Beat: nodes gone silent go offline, broker users a restarted Redis forgot come back,
+    lost messages are sent again, then dispatch."""
     nodes.nodes_mark_offline()
+    nodes.nodes_sync_broker_users()
     dispatch.attempts_resend_unclaimed()
-    dispatch.attempts_resend_cancels()
     dispatch.dispatch_queued()
-
-
-@shared_task(name=cc.NODE_REGISTER, ignore_result=True)
-def node_register(name: str, token: str, report: dict) -> None:
-    nodes.node_register(name=name, token=token, report=report)
-
-
-@shared_task(name=cc.NODE_HEARTBEAT, ignore_result=True)
-def node_heartbeat(name: str, token: str) -> None:
-    nodes.node_heartbeat(name=name, token=token)
-
-
-@shared_task(name=cc.NODE_STOPPING, ignore_result=True)
-def node_stopping(name: str, token: str) -> None:
-    nodes.node_stopping(name=name, token=token)
 
 
 # --- storage retention ------------------------------------------------------------------------

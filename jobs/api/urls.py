@@ -22,9 +22,19 @@ urlpatterns = [
         name="provider-webhook",
     ),
     path("nodes/", node_views.NodeListView.as_view()),
-    path("node-claims/", node_views.NodeClaimView.as_view(), name="node-claim"),
     path("nodes/<str:name>/", node_views.NodeDetailView.as_view()),
     path("nodes/<str:name>/events/", node_views.NodeEventListView.as_view()),
+    path("nodes/<str:name>/claim/", node_views.NodeClaimView.as_view(), name="node-claim"),
+    path(
+        "nodes/<str:name>/heartbeat/",
+        node_views.NodeHeartbeatView.as_view(),
+        name="node-heartbeat",
+    ),
+    path(
+        "nodes/<str:name>/attempts/<str:job_id>/<int:attempt>/events/",
+        node_views.NodeAttemptEventsView.as_view(),
+        name="node-attempt-events",
+    ),
     path("nodes/<str:name>/drain/", node_views.NodeActionView.as_view(action="drain")),
     path("nodes/<str:name>/undrain/", node_views.NodeActionView.as_view(action="undrain")),
     path(

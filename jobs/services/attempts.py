@@ -20,8 +20,13 @@ from gpu_worker.outcomes import Outcome
 from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services import costs, messages
-from jobs.services.events import clean_executor_event, event_append, events_store
-from jobs.services.nodes import node_authenticate, node_cancel, node_release
+from jobs.services.events import (
+    clean_executor_event,
+    event_append,
+    events_store,
+    events_within_caps,
+)
+from jobs.services.nodes import node_release
 from jobs.services.status import job_transition
 from jobs.states import EndReason, JobStatus
 from providers.base import MACHINE_PREFIX, Handle
@@ -127,7 +132,8 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
 def attempt_request_stop(*, attempt: JobAttempt) -> None:
     """Ask whatever runs the attempt to stop (after commit). The job stays cancelling until
     the stop is confirmed or the lease expires. A node attempt not claimed yet has nothing
-    running: it ends now, and the node's claim of it will be refused."""
+    running: it ends now, and the node's claim of it will be refused; a claimed one is
+    stopped by its node, whose supervisor asks every few seconds (nodes.node_stop_requests)."""
     if attempt.node_name:
         unclaimed = JobAttempt.objects.filter(
             pk=attempt.pk, claimed_at__isnull=True, ended_at__isnull=True
@@ -136,8 +142,6 @@ def attempt_request_stop(*, attempt: JobAttempt) -> None:
             attempt_end(
                 attempt=attempt, reason=EndReason.CANCELLED, message="cancelled before start"
             )
-        else:
-            node_cancel(attempt=attempt)
         return
     messages.send_stop_machines(attempt.job_id)
 
@@ -169,14 +173,13 @@ def attempt_record_events(
     job_id: str,
     attempt_number: int,
     events: Iterable[object],
-    node: str | None = None,
-    token: str | None = None,
 ) -> int:
     """Store an executor's event batch and apply its status reports; returns events stored.
 
     Events of an attempt that is not the job's live one are dropped: a late or duplicate
-    message from an outdated attempt must never move the job. So are events of a node's
-    attempt that do not carry that node's current token (``node``/``token``).
+    message from an outdated attempt must never move the job. Who may report for which
+    attempt is decided before this is called (a node attempt: its report token, checked by
+    the events endpoint; a cloud attempt: read by the control plane from its provider).
     """
     attempt = (
         JobAttempt.objects.select_related("job")
@@ -186,18 +189,9 @@ def attempt_record_events(
     if attempt is None:
         log.info("dropping events for %s attempt %s: not the live attempt", job_id, attempt_number)
         return 0
-    # Sent to a node: only that node, with its current token, speaks for the attempt.
-    from_its_node = node == attempt.node_name and node_authenticate(name=node, token=token)
-    if attempt.node_name and not from_its_node:
-        log.warning(
-            "dropping events for %s attempt %s: not from its node %s with a valid token",
-            job_id,
-            attempt_number,
-            attempt.node_name,
-        )
-        return 0
     cleaned = [e for e in (clean_executor_event(raw) for raw in events) if e is not None]
-    stored = events_store(job=attempt.job, attempt=attempt_number, events=cleaned)
+    kept = events_within_caps(job=attempt.job, attempt=attempt_number, events=cleaned)
+    stored = events_store(job=attempt.job, attempt=attempt_number, events=kept)
     attempt_renew_lease(attempt=attempt)
     for event in stored:
         if event.type == "status":

@@ -7,28 +7,32 @@ two dispatchers never place the same job or fill the same node twice.
 
 A placement creates the attempt, moves the job to ``provisioning`` and marks the node busy in
 one transaction, then (on commit) sends ``run_attempt`` to the node's queue with the attempt's
-spec, whose signed URLs are issued now. The node claims the attempt over HTTP before it starts
-(:func:`attempt_claim`); a duplicate or outdated delivery is refused there. An attempt that is
+ids only: the broker is a doorbell that every node could once read. The node claims the
+attempt over HTTPS with its token (:func:`attempt_claim`) and gets the spec, whose signed URLs
+are issued then, and a report token that lets its executor report for this one attempt
+(:func:`report_token`); a duplicate or outdated delivery is refused there. An attempt that is
 not claimed in time is sent again, since a Redis restart may have lost its message.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
+from django.core import signing
 from django.db import transaction
-from django.urls import reverse
 from django.utils import timezone
 
+from gpu_worker import celery_conf as cc
 from jobs.errors import InvalidTransition
 from jobs.gpu_needs import misfit
 from jobs.models import GpuNode, JobAttempt, TrainingJob
 from jobs.services import messages
 from jobs.services.attempts import attempt_start
 from jobs.services.events import event_append
-from jobs.services.nodes import node_cancel
 from jobs.services.specs import attempt_spec
 from jobs.states import JobStatus, WaitCode
 from providers.registry import AUTO_TARGET, OWN_FLEET_TARGET
@@ -37,6 +41,8 @@ log = logging.getLogger(__name__)
 S = JobStatus
 N = GpuNode.Status
 LOCAL = OWN_FLEET_TARGET
+# A report token outlives any run: the longest job trainhub accepts, and a margin.
+_REPORT_TOKEN_SECONDS = cc.LONGEST_JOB_SECONDS + 6 * 3600
 # Jobs looked at per pass; the rest wait for the next pass (the order is by priority, age).
 DISPATCH_BATCH = 200
 
@@ -125,29 +131,72 @@ def note_waiting(job: TrainingJob, code: WaitCode, message: str) -> None:
 
 
 def send_run_attempt(*, attempt_pk: int) -> None:
-    """Send the attempt to its node's queue (again, if it was sent before)."""
+    """Ring the attempt's node (again, if it was rung before)."""
     attempt = JobAttempt.objects.select_related("job").get(pk=attempt_pk)
     if attempt.ended_at is not None or attempt.claimed_at is not None:
         return
-    claim_url = settings.TRAINHUB_CONTROL_URL.rstrip("/") + reverse("node-claim")
-    messages.send_run_attempt(
-        attempt.node_name, {"spec": attempt_spec(attempt), "claim_url": claim_url}
+    messages.send_run_attempt(attempt.node_name, attempt.job.public_id, attempt.number)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What a node gets for an attempt it claimed."""
+
+    spec: dict[str, Any]
+    report_token: str
+
+
+def attempt_claim(*, node: GpuNode, job_id: object, attempt_number: object) -> Claimed | None:
+    """The node starts the attempt: its spec and report token once, for the live attempt
+    dispatched to it; None for anything else (duplicate, outdated, cancelled, another's)."""
+    if not isinstance(job_id, str) or isinstance(attempt_number, bool):
+        return None
+    if not isinstance(attempt_number, int):
+        return None
+    claimed = JobAttempt.objects.filter(
+        job__public_id=job_id,
+        number=attempt_number,
+        node_name=node.name,
+        ended_at__isnull=True,
+        claimed_at__isnull=True,
+        job__status=S.PROVISIONING,
+    ).update(claimed_at=timezone.now())
+    if not claimed:
+        return None
+    attempt = JobAttempt.objects.select_related("job").get(
+        job__public_id=job_id, number=attempt_number
     )
+    return Claimed(spec=attempt_spec(attempt), report_token=report_token(attempt))
 
 
-def attempt_claim(*, node: GpuNode, job_id: object, attempt_number: object) -> bool:
-    """The node starts the attempt: True once, for the live attempt dispatched to it."""
-    if not isinstance(job_id, str) or not isinstance(attempt_number, int):
+# The report token: the attempt it speaks for, signed with the secret key; it expires with the
+# job's longest possible run (its signed URLs' horizon).
+_REPORT_SALT = "trainhub.attempt-report"
+
+
+def report_token(attempt: JobAttempt) -> str:
+    return signing.dumps({"attempt": attempt.pk, "node": attempt.node_name}, salt=_REPORT_SALT)
+
+
+def attempt_for_report(*, node_name: str, job_id: str, attempt_number: int, token: str) -> bool:
+    """True if ``token`` was issued for this attempt of this node when the node claimed it."""
+    try:
+        claim = signing.loads(
+            token, salt=_REPORT_SALT, max_age=timedelta(seconds=_REPORT_TOKEN_SECONDS)
+        )
+    except signing.BadSignature:
         return False
-    return bool(
-        JobAttempt.objects.filter(
+    if not isinstance(claim, dict) or claim.get("node") != node_name:
+        return False
+    return (
+        isinstance(claim.get("attempt"), int)
+        and JobAttempt.objects.filter(
+            pk=claim["attempt"],
             job__public_id=job_id,
             number=attempt_number,
-            node_name=node.name,
-            ended_at__isnull=True,
-            claimed_at__isnull=True,
-            job__status=S.PROVISIONING,
-        ).update(claimed_at=timezone.now())
+            node_name=node_name,
+            claimed_at__isnull=False,
+        ).exists()
     )
 
 
@@ -161,18 +210,3 @@ def attempts_resend_unclaimed() -> int:
     for pk in pks:
         send_run_attempt(attempt_pk=pk)
     return len(pks)
-
-
-# --- cancel -------------------------------------------------------------------------------
-
-
-def attempts_resend_cancels() -> int:
-    """Repeat the stop request for node attempts of cancelling jobs (a broadcast can be lost)."""
-    live = JobAttempt.objects.select_related("job").filter(
-        target=LOCAL, ended_at__isnull=True, job__status=S.CANCELLING
-    )
-    count = 0
-    for attempt in live:
-        node_cancel(attempt=attempt)
-        count += 1
-    return count

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -18,6 +19,13 @@ EVENT_TYPES = frozenset(
 )
 LEVELS = frozenset(JobEvent.Level.values)
 MAX_MESSAGE_CHARS = 4000
+# What an executor may make the control plane store (a node or rented host may be hostile):
+# an event's data as JSON, the events kept from one batch, and from one attempt. Events that
+# move the job (status, error, checkpoint, artifact) are always kept.
+MAX_EVENT_DATA_BYTES = 16 * 1024
+MAX_EVENTS_PER_BATCH = 500
+MAX_EVENTS_PER_ATTEMPT = 50_000
+_DECISIVE = frozenset({"status", "error", "checkpoint", "artifact"})
 METRIC_KEYS = ("step", "total_steps", "epoch", "loss", "lr", "tokens_per_second", "grad_norm")
 
 
@@ -63,6 +71,12 @@ def clean_executor_event(raw: object) -> dict[str, Any] | None:
     data = raw.get("data") or {}
     if level not in LEVELS or not isinstance(data, Mapping):
         return None
+    try:
+        oversized = len(json.dumps(data, default=str)) > MAX_EVENT_DATA_BYTES
+    except (TypeError, ValueError):  # not JSON at all (it came as JSON, so hardly)
+        oversized = True
+    if oversized:
+        data = {"data_dropped": f"over {MAX_EVENT_DATA_BYTES} bytes"}
     return {
         "seq": seq,
         "type": type_,
@@ -70,6 +84,26 @@ def clean_executor_event(raw: object) -> dict[str, Any] | None:
         "message": str(raw.get("message", ""))[:MAX_MESSAGE_CHARS],
         "data": dict(data),
     }
+
+
+def events_within_caps(
+    *, job: TrainingJob, attempt: int, events: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The cleaned events worth storing: every decisive one, the others up to the batch and
+    the attempt caps (logged once per batch when some are dropped)."""
+    routine = [e for e in events if e["type"] not in _DECISIVE]
+    stored = JobEvent.objects.filter(job_id=job.pk, attempt=attempt).count()
+    room = max(0, min(MAX_EVENTS_PER_BATCH, MAX_EVENTS_PER_ATTEMPT - stored))
+    if len(routine) <= room:
+        return events
+    kept_routine = {id(e) for e in routine[:room]}
+    kept = [e for e in events if e["type"] in _DECISIVE or id(e) in kept_routine]
+    log.warning(
+        "job %s attempt %s: dropped %d of %d events over the caps (%d a batch, %d an attempt)",
+        job.public_id, attempt, len(events) - len(kept), len(events),
+        MAX_EVENTS_PER_BATCH, MAX_EVENTS_PER_ATTEMPT,
+    )  # fmt: skip
+    return kept
 
 
 def events_store(

@@ -22,9 +22,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from jobs.broker_acl import broker_user_delete, broker_user_set, broker_users_sync
 from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import GpuNode, JobAttempt, NodeEvent
 from jobs.services import messages
+from jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
 N = GpuNode.Status
@@ -64,6 +66,7 @@ def node_create(*, name: object, actor: str = "") -> tuple[GpuNode, str]:
         with transaction.atomic():
             node = GpuNode.objects.create(name=name, token_sha256=_hash(token))
             _audit(node, "created", "Node created.", actor)
+            transaction.on_commit(lambda: broker_user_set(name, node.token_sha256))
     except IntegrityError:
         raise Conflict(f"A node named '{name}' already exists.", code="node_exists") from None
     return node, token
@@ -72,9 +75,12 @@ def node_create(*, name: object, actor: str = "") -> tuple[GpuNode, str]:
 def node_rotate_token(*, node: GpuNode, actor: str = "") -> str:
     """Issue a new token; the old one is refused from now on."""
     token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    digest = _hash(token)
     with transaction.atomic():
-        GpuNode.objects.filter(pk=node.pk).update(token_sha256=_hash(token))
+        GpuNode.objects.filter(pk=node.pk).update(token_sha256=digest)
         _audit(node, "token_rotated", "Token rotated; the previous token is refused.", actor)
+        # The broker too: the old password stops working, and so do its open connections.
+        transaction.on_commit(lambda: broker_user_set(node.name, digest, disconnect=True))
     return token
 
 
@@ -165,11 +171,8 @@ def _clean_report(report: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def node_register(*, name: object, token: object, report: Mapping[str, Any]) -> GpuNode | None:
+def node_register(*, node: GpuNode, report: Mapping[str, Any]) -> GpuNode:
     """A node (re)started: store what it reported and bring it online."""
-    node = node_authenticate(name=name, token=token)
-    if node is None:
-        return None
     now = timezone.now()
     fields = _clean_report(report)
     restarted = fields["process"] != node.process
@@ -189,21 +192,45 @@ def node_register(*, name: object, token: object, report: Mapping[str, Any]) -> 
     return node
 
 
-def node_heartbeat(*, name: object, token: object) -> GpuNode | None:
-    node = node_authenticate(name=name, token=token)
-    if node is None:
-        return None
+def node_heartbeat(*, node: GpuNode) -> None:
     GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())
     node_settle(node_pk=node.pk)
-    return node
 
 
-def node_stopping(*, name: object, token: object) -> None:
+def node_stopping(*, node: GpuNode) -> None:
     """A node shut down cleanly: offline now rather than after the heartbeat timeout."""
-    node = node_authenticate(name=name, token=token)
-    if node is not None:
-        GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=None)
-        node_settle(node_pk=node.pk)
+    GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=None)
+    node_settle(node_pk=node.pk)
+
+
+def node_stop_requests(*, node: GpuNode, running: tuple[object, object] | None = None) -> list:
+    """The attempts this node must stop, as ``[{"job_id", "attempt"}]``: its live attempts of
+    cancelling jobs, and ``running`` (what its supervisor runs) unless that is still the live
+    attempt of a running job claimed by this node (ended by a lease expiry, say). Nodes pull
+    this with their heartbeat: they cannot be sent anything but a doorbell."""
+    mine = JobAttempt.objects.filter(node_name=node.name)
+    stop = {
+        (job_id, number)
+        for job_id, number in mine.filter(
+            ended_at__isnull=True, job__status=JobStatus.CANCELLING
+        ).values_list("job__public_id", "number")
+    }
+    if running is not None:
+        job_id, number = running
+        still_mine = (
+            isinstance(job_id, str)
+            and isinstance(number, int)
+            and mine.filter(
+                job__public_id=job_id,
+                number=number,
+                ended_at__isnull=True,
+                claimed_at__isnull=False,
+                job__status__in=(JobStatus.PROVISIONING, JobStatus.RUNNING),
+            ).exists()
+        )
+        if not still_mine and isinstance(job_id, str) and isinstance(number, int):
+            stop.add((job_id, number))
+    return [{"job_id": job_id, "attempt": number} for job_id, number in sorted(stop)]
 
 
 def nodes_mark_offline() -> int:
@@ -232,9 +259,16 @@ def node_delete(*, node: GpuNode, actor: str = "") -> None:
             "(drain it and stop its worker first).",
             code="node_not_offline",
         )
+    name = node.name
     with transaction.atomic():
         _audit(node, "deleted", "Node deleted.", actor)
         node.delete()
+        transaction.on_commit(lambda: broker_user_delete(name))
+
+
+def nodes_sync_broker_users() -> int:
+    """Put back the broker users a restarted Redis forgot; returns how many."""
+    return broker_users_sync(GpuNode.objects.values_list("name", "token_sha256"))
 
 
 # --- the node's attempt ends or is cancelled --------------------------------------------------
@@ -251,12 +285,3 @@ def node_release(*, attempt: JobAttempt) -> None:
         current_attempt=None, retired=node.ephemeral
     )
     node_settle(node_pk=node.pk)  # idle again → the dispatcher looks for the next job
-
-
-def node_cancel(*, attempt: JobAttempt) -> None:
-    """Ask the node running ``attempt`` to stop it (a remote-control broadcast to that node,
-    after commit)."""
-    node = GpuNode.objects.filter(name=attempt.node_name).first()
-    if node is None or not node.celery_hostname:
-        return
-    messages.broadcast_cancel_attempt(node.celery_hostname, attempt.job.public_id, attempt.number)

@@ -151,7 +151,7 @@ def plane(control_worker, live_server, shared_dir, settings, tiny_model_dir) -> 
 
 
 @pytest.fixture
-def start_node(shared_dir) -> Iterator[Callable[..., Process]]:
+def start_node(shared_dir, live_server) -> Iterator[Callable[..., Process]]:
     """``start_node(name, token, **env)``: a GPU node worker process (CPU here: no GPU)."""
     from trainhub.celery import app
 
@@ -162,13 +162,16 @@ def start_node(shared_dir) -> Iterator[Callable[..., Process]]:
             conn.default_channel.queue_purge(cc.node_queue(name))
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("DJANGO")},
+            # Without credentials: the node logs in as its own broker user (jobs/broker_acl.py).
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "TRAINHUB_CONTROL_URL": live_server.url,
             "TRAINHUB_NODE_NAME": name,
             "TRAINHUB_NODE_TOKEN": token,
             "TRAINHUB_NODE_GPUS": "",
             "TRAINHUB_NODE_HEARTBEAT_SECONDS": "1",
             "TRAINHUB_NODE_WORKDIR": str(shared_dir / "nodes" / name),
             "TRAINHUB_NODE_CANCEL_GRACE_SECONDS": "10",
+            "TRAINHUB_NODE_CONTROL_POLL_SECONDS": "1",
             "TRAINHUB_CHECKPOINT_EVERY_STEPS": "5",
             "OMP_NUM_THREADS": "1",  # two cores: one torch thread per executor
             "HF_HUB_OFFLINE": "1",

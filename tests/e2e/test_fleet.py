@@ -343,10 +343,11 @@ def test_a_rotated_token_is_refused_at_once(plane, start_node, make_user, make_c
     assert rotated.status_code == 200
     new = rotated.json()["token"]
     assert new != old and "token" not in admin.get("/api/v1/nodes/node-r/").json()
-    # The running node still speaks with the old token: its heartbeats are dropped from now on,
-    # so it goes offline; restarted with the new token it is back.
-    refused = "dropping a message from node 'node-r'"
-    wait_for("a heartbeat to be refused", lambda: refused in plane.tail(20000), 20, plane)
+    # The running node still speaks with the old token: its heartbeats are refused (401) from
+    # now on, and its broker connection is closed and cannot log in again; restarted with the
+    # new token it is back.
+    wait_for("a heartbeat to be refused", lambda: "401" in node.tail(20000), 20, node)
+    wait_for("the broker to refuse it", lambda: "WRONGPASS" in node.tail(50000), 30, node)
     seen = GpuNode.objects.get(name="node-r").last_heartbeat_at
     time.sleep(2.5)  # two more heartbeats
     assert GpuNode.objects.get(name="node-r").last_heartbeat_at == seen

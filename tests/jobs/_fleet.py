@@ -37,9 +37,7 @@ def node_report(gpus: tuple[dict, ...] = (), labels: dict | None = None, **extra
 def online_node(name: str, *gpus: dict, **labels: str) -> tuple[GpuNode, str]:
     """A node created, registered and idle; returns it with its token."""
     node, token = nodes.node_create(name=name, actor="ops")
-    nodes.node_register(
-        name=name, token=token, report=node_report(gpus, labels, celery_hostname=f"node@{name}")
-    )
+    nodes.node_register(node=node, report=node_report(gpus, labels, celery_hostname=f"node@{name}"))
     node.refresh_from_db()
     assert node.status == N.IDLE
     return node, token

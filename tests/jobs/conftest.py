@@ -69,27 +69,6 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
     return recorder
 
 
-@dataclass
-class Broadcasts:
-    """What ``app.control.broadcast`` was asked to send (nothing reaches Redis)."""
-
-    calls: list[dict[str, Any]] = field(default_factory=list)
-
-    def __call__(
-        self, command: str, arguments: Any = None, destination: Any = None, **_: Any
-    ) -> None:
-        self.calls.append({"command": command, "arguments": arguments, "destination": destination})
-
-
-@pytest.fixture
-def broadcasts(monkeypatch: pytest.MonkeyPatch) -> Broadcasts:
-    from trainhub.celery import app
-
-    recorder = Broadcasts()
-    monkeypatch.setattr(app.control, "broadcast", recorder)
-    return recorder
-
-
 @pytest.fixture
 def dispatch_now(django_capture_on_commit_callbacks, sent) -> Callable[[], int]:
     """One dispatcher pass, with its on-commit sends run (and recorded by ``sent``)."""
