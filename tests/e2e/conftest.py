@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from gpu_worker import celery_conf as cc
+from jobs.broker_acl import broker_user_delete
 from tests._processes import database_url, quiesce
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +192,5 @@ def start_node(shared_dir, live_server) -> Iterator[Callable[..., Process]]:
     yield start
     for node in started:
         node.stop()
+    for name in {n.name.removeprefix("node ") for n in started}:
+        broker_user_delete(name)  # the database is flushed; the broker's users are not

@@ -292,7 +292,7 @@ def test_jobs_go_only_to_a_node_whose_labels_fit_and_others_wait_saying_why(
 def test_drain_finishes_the_current_job_and_takes_no_new_one(
     plane, start_node, api, demo_dataset, tiny_model_dir, make_user, make_client
 ) -> None:
-    admin = make_client(make_user("root", is_staff=True))
+    admin = make_client(make_user("root", is_staff=True, is_superuser=True))
     node = start_node("node-d", _node("node-d"))
     _wait_idle("node-d", node, plane)
     first = _submit(api, tiny_model_dir, demo_dataset)
@@ -332,7 +332,7 @@ def test_an_ephemeral_node_exits_after_one_job(
 
 
 def test_a_rotated_token_is_refused_at_once(plane, start_node, make_user, make_client) -> None:
-    admin = make_client(make_user("root", is_staff=True))
+    admin = make_client(make_user("root", is_staff=True, is_superuser=True))
     created = admin.post("/api/v1/nodes/", {"name": "node-r"}, format="json")
     assert created.status_code == 201, created.content
     old = created.json()["token"]
@@ -347,7 +347,8 @@ def test_a_rotated_token_is_refused_at_once(plane, start_node, make_user, make_c
     # now on, and its broker connection is closed and cannot log in again; restarted with the
     # new token it is back.
     wait_for("a heartbeat to be refused", lambda: "401" in node.tail(20000), 20, node)
-    wait_for("the broker to refuse it", lambda: "WRONGPASS" in node.tail(50000), 30, node)
+    refused = "invalid username-password pair"  # redis-py's words for Redis' WRONGPASS
+    wait_for("the broker to refuse it", lambda: refused in node.tail(50000), 30, node)
     seen = GpuNode.objects.get(name="node-r").last_heartbeat_at
     time.sleep(2.5)  # two more heartbeats
     assert GpuNode.objects.get(name="node-r").last_heartbeat_at == seen
