@@ -24,6 +24,7 @@ from django.db import connection
 from gpu_worker import celery_conf as cc
 from jobs.broker_acl import broker_user_delete
 from tests._processes import database_url, quiesce
+from tests.e2e._broker_watch import BrokerWatch
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_WORKER = f"control-{os.getpid()}"
@@ -131,6 +132,17 @@ def control_worker(
         yield worker
     finally:
         worker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_secret_on_the_broker(control_worker) -> Iterator[None]:
+    """Whatever the test makes any process publish carries no secret (docs/SECURITY.md)."""
+    watch = BrokerWatch(settings.CELERY_BROKER_URL)
+    watch.start()
+    yield
+    watch.stop()
+    assert watch.writes, "the broker saw no message at all: the watch is not watching"
+    assert not watch.leaks(), "secrets on the broker:\n" + "\n".join(watch.leaks())
 
 
 @pytest.fixture(autouse=True)

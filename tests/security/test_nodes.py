@@ -77,7 +77,7 @@ def test_a_node_cannot_send_a_control_plane_task(two_nodes) -> None:
     app.conf.broker_transport_options = {"max_retries": 0}
     before = redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(cc.DEFAULT_QUEUE)
     try:
-        with pytest.raises(Exception, match="(?i)permission"):
+        with pytest.raises(Exception, match=r"(?i)permission"):
             app.send_task(cc.PURGE_STORAGE, args=[1], queue=cc.DEFAULT_QUEUE, retry=False)
     finally:
         app.close()
@@ -99,7 +99,7 @@ def test_the_run_attempt_message_names_the_attempt_and_holds_no_secret(placed, s
 def test_a_claim_with_another_nodes_token_is_401_and_of_another_nodes_attempt_409(
     placed, client, django_capture_on_commit_callbacks
 ) -> None:
-    other, other_token = online_node("gpu-b", H100)
+    _, other_token = online_node("gpu-b", H100)
     body = {"job_id": placed.job.public_id, "attempt": 1}
     stolen = client.post(
         f"{NODE_API}/gpu-a/claim/", body, "application/json",
@@ -128,7 +128,7 @@ def _post_events(client: Any, node: str, job_id: str, attempt: int, token: str) 
 def test_a_report_for_an_attempt_the_node_did_not_claim_is_403(
     claimed, client, make_job, fake_cloud, django_capture_on_commit_callbacks
 ) -> None:
-    other, other_token = online_node("gpu-b", H100)
+    _, other_token = online_node("gpu-b", H100)
     job_id = claimed.job.public_id
     # The node token is not a report token; a made-up one, another attempt's, neither.
     cloud_job = make_job(target="fake-cloud")
@@ -154,7 +154,7 @@ def test_a_report_for_an_attempt_the_node_did_not_claim_is_403(
 def test_a_heartbeat_lists_only_the_nodes_own_cancelled_attempts(
     claimed, client, django_capture_on_commit_callbacks
 ) -> None:
-    other, other_token = online_node("gpu-b", H100)
+    _, other_token = online_node("gpu-b", H100)
     with django_capture_on_commit_callbacks(execute=True):
         jobs.job_cancel(job=fresh(claimed.job))
 
