@@ -98,11 +98,24 @@ def placed(make_job, dispatch_now) -> Placed:
     return Placed(fresh(job), attempt_of(job), fresh(node), token)
 
 
+class Claimed(NamedTuple):
+    """A local job whose node claimed attempt 1: what the claim answered the node with."""
+
+    job: TrainingJob
+    attempt: JobAttempt
+    node: GpuNode
+    token: str  # the node's token
+    spec: dict[str, Any]
+    report_token: str  # what the attempt's executor reports its events with
+
+
 @pytest.fixture
-def claimed(placed) -> Placed:
+def claimed(placed) -> Claimed:
     """``placed``, with attempt 1 claimed by its node."""
-    assert dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
-    return placed
+    claim = dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
+    assert claim is not None
+    job, attempt, node, token = placed
+    return Claimed(job, attempt, node, token, claim.spec, claim.report_token)
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 """jobs.services.dispatch on the real database: queued own-fleet jobs placed on idle nodes that
 fit (highest priority, then oldest first), the waiting reason of a job no node takes, the
-run_attempt message with its spec and signed transfer URLs, a node's claim of its attempt, and
-the re-sends beat repeats (unclaimed attempts, cancels). Celery messages are recorded (``sent``,
-``broadcasts``), never sent; the fleet fixtures are in conftest.py, the helpers in _fleet.py."""
+run_attempt message (the attempt's ids, nothing else), a node's claim of its attempt (its spec
+with signed transfer URLs, and the report token its executor reports with), and the re-send
+beat repeats for unclaimed attempts. Celery messages are recorded (``sent``), never sent; the
+fleet fixtures are in conftest.py, the helpers in _fleet.py."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -134,7 +136,7 @@ def test_a_job_cancelled_while_dispatch_runs_is_not_placed(
     assert fresh(doomed).status == S.CANCELLED
     assert not JobAttempt.objects.filter(job=doomed).exists()
     assert attempt_of(other).node_name == "gpu-a", "the node went to the next job"
-    assert [m["spec"]["job_id"] for _, m in run_messages(sent)] == [other.public_id]
+    assert [m["job_id"] for _, m in run_messages(sent)] == [other.public_id]
 
 
 def test_a_draining_node_is_never_used(make_job, dispatch_now, sent) -> None:
@@ -151,8 +153,8 @@ def test_a_draining_node_is_never_used(make_job, dispatch_now, sent) -> None:
 
 
 def test_an_ephemeral_node_is_not_given_a_second_job(make_job, dispatch_now) -> None:
-    _, token = nodes.node_create(name="gpu-e")
-    nodes.node_register(name="gpu-e", token=token, report=node_report(ephemeral=True))
+    node, _ = nodes.node_create(name="gpu-e")
+    nodes.node_register(node=node, report=node_report(ephemeral=True))
     first = make_job()
     assert dispatch_now() == 1
     attempt = attempt_of(first)
@@ -160,8 +162,6 @@ def test_an_ephemeral_node_is_not_given_a_second_job(make_job, dispatch_now) -> 
         job_id=first.public_id,
         attempt_number=1,
         events=[{"seq": 1, "type": "error", "message": "CUDA OOM", "data": {"code": "oom"}}],
-        node="gpu-e",
-        token=token,
     )
     assert fresh(attempt).ended_at is not None
     second = make_job()
@@ -200,8 +200,8 @@ def test_without_nodes_a_job_waits_saying_no_node_is_registered(make_job, dispat
 
 def test_a_job_that_fits_no_online_node_says_why_per_node(make_job, dispatch_now) -> None:
     online_node("a-cpu")
-    _, token = online_node("b-h100", H100)
-    nodes.node_stopping(name="b-h100", token=token)
+    stopped, _ = online_node("b-h100", H100)
+    nodes.node_stopping(node=stopped)
     job = make_job(gpu={"count": 1})
 
     assert dispatch_now() == 0
@@ -230,13 +230,13 @@ def test_the_waiting_reason_is_noted_once_not_on_every_pass(make_job, dispatch_n
 def test_a_waiting_job_is_placed_when_a_node_turns_idle_and_its_reason_cleared(
     make_job, dispatch_now, django_capture_on_commit_callbacks, sent
 ) -> None:
-    _, token = nodes.node_create(name="gpu-a")
+    node, _ = nodes.node_create(name="gpu-a")
     job = make_job()
     dispatch_now()
     assert "every GPU node is offline" in fresh(job).waiting_reason
 
     with django_capture_on_commit_callbacks(execute=True):
-        nodes.node_heartbeat(name="gpu-a", token=token)
+        nodes.node_heartbeat(node=node)
     assert sent.named(cc.DISPATCH) == [[]]
     assert dispatch_now() == 1
 
@@ -245,28 +245,43 @@ def test_a_waiting_job_is_placed_when_a_node_turns_idle_and_its_reason_cleared(
     assert attempt_of(job).node_name == "gpu-a"
 
 
-# --- the run_attempt message ------------------------------------------------------------------
+# --- the run_attempt message and the spec the claim answers --------------------------------
 
 
-def test_run_attempt_goes_to_the_nodes_queue_with_a_valid_spec(
-    make_job, make_file, dispatch_now, sent, settings
+def test_run_attempt_goes_to_the_nodes_queue_with_the_attempts_ids_only(
+    make_job, dispatch_now, sent, settings
 ) -> None:
+    """Every node could once read the broker: the message names the attempt and carries
+    nothing a reader could use (no spec, no signed URL, no token)."""
     settings.TRAINHUB_CONTROL_URL = "https://plane.example/"
     online_node("gpu-a", H100)
-    job = make_job(validation_file=make_file().public_id, max_runtime_seconds=3600)
+    job = make_job()
 
     dispatch_now()
 
     [(queue, message)] = run_messages(sent)
     assert queue == "gpu.node.gpu-a"
-    assert set(message) == {"spec", "claim_url"}
-    assert message["claim_url"] == "https://plane.example/api/v1/node-claims/"
-    spec = parse_job_spec(message["spec"])
+    assert message == {"job_id": job.public_id, "attempt": 1}
+
+
+def test_the_claim_answers_a_valid_spec_with_signed_urls(
+    make_job, make_file, dispatch_now, settings
+) -> None:
+    settings.TRAINHUB_CONTROL_URL = "https://plane.example/"
+    node, _ = online_node("gpu-a", H100)
+    job = make_job(validation_file=make_file().public_id, max_runtime_seconds=3600)
+    dispatch_now()
+
+    claim = dispatch.attempt_claim(node=node, job_id=job.public_id, attempt_number=1)
+
+    assert claim is not None
+    spec = parse_job_spec(claim.spec)
     assert (spec.job_id, spec.attempt, spec.model) == (job.public_id, 1, "acme/tiny-llama")
     assert spec.max_runtime_seconds == 3600
     assert spec.dataset.sha256 == job.training_file.sha256
     assert spec.validation_dataset is not None
     assert spec.validation_dataset.sha256 == job.validation_file.sha256
+    assert spec.report["sinks"] == [{"type": "http"}], "events go to the events endpoint"
 
     assert all(
         u.startswith("https://plane.example/transfer/?")
@@ -281,26 +296,25 @@ def test_run_attempt_goes_to_the_nodes_queue_with_a_valid_spec(
     )
     assert artifact["max_bytes"] > 0
     checkpoint = _grant(spec.outputs.checkpoint_url)
-    assert (checkpoint["key"], checkpoint["method"]) == (
-        storage.checkpoint_key(job.project_id, job.public_id),
-        "PUT",
-    )
+    # (the checkpoint key's layout is jobs.storage's; test_storage pins it)
+    assert checkpoint["method"] == "PUT" and job.public_id in checkpoint["key"]
+    assert "checkpoint" in checkpoint["key"]
     assert dataset["exp"] > timezone.now().timestamp() + 3600, "URLs outlive max_runtime"
     assert spec.outputs.resume_url is None, "no checkpoint yet"
+    assert claim.report_token and claim.report_token not in json.dumps(claim.spec)
 
 
-def test_the_spec_resumes_from_the_jobs_checkpoint_once_it_exists(placed) -> None:
+def test_the_spec_never_resumes_from_an_upload_key(placed) -> None:
+    """Attempt 1's own checkpoint upload is no resume point: a later attempt resumes from an
+    earlier one's sealed copy (tests/jobs/test_services_specs.py)."""
     job = placed.job
-    key = storage.checkpoint_key(job.project_id, job.public_id)
-    storage.save_stream(key, [b"a checkpoint bundle"])
+    storage.save_stream(
+        storage.checkpoint_key(job.project_id, job.public_id, 1), [b"a checkpoint bundle"]
+    )
 
     spec = parse_job_spec(specs.attempt_spec(placed.attempt))
 
-    assert spec.outputs.resume_url is not None
-    assert (_grant(spec.outputs.resume_url)["key"], _grant(spec.outputs.resume_url)["method"]) == (
-        key,
-        "GET",
-    )
+    assert spec.outputs.resume_url is None
 
 
 # --- claim ------------------------------------------------------------------------------------
@@ -309,27 +323,28 @@ def test_the_spec_resumes_from_the_jobs_checkpoint_once_it_exists(placed) -> Non
 def test_a_node_claims_its_attempt_once(placed) -> None:
     job, attempt, node, _ = placed
 
-    assert dispatch.attempt_claim(node=node, job_id=job.public_id, attempt_number=1) is True
+    claim = dispatch.attempt_claim(node=node, job_id=job.public_id, attempt_number=1)
+    assert claim is not None
+    assert (claim.spec["job_id"], claim.spec["attempt"]) == (job.public_id, 1)
     assert fresh(attempt).claimed_at is not None
-    assert dispatch.attempt_claim(node=node, job_id=job.public_id, attempt_number=1) is False
+    assert dispatch.attempt_claim(node=node, job_id=job.public_id, attempt_number=1) is None
 
 
 def test_another_node_cannot_claim_the_attempt(placed) -> None:
     other, _ = online_node("gpu-b")
-    assert (
-        dispatch.attempt_claim(node=other, job_id=placed.job.public_id, attempt_number=1) is False
-    )
+    assert dispatch.attempt_claim(node=other, job_id=placed.job.public_id, attempt_number=1) is None
     assert fresh(placed.attempt).claimed_at is None
     assert dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
 
 
 @pytest.mark.parametrize(
     ("job_id", "number"),
-    [("ftjob-unknown", 1), (None, 1), ("JOB", 2), ("JOB", "1"), ("JOB", None)],
-)
+    [("ftjob-unknown", 1), (None, 1), ("JOB", 2), ("JOB", "1"), ("JOB", None), ("JOB", True),
+     ("JOB", 1.0), ([1], 1)],
+)  # fmt: skip
 def test_a_claim_of_another_or_malformed_attempt_is_refused(placed, job_id, number) -> None:
     job_id = placed.job.public_id if job_id == "JOB" else job_id
-    assert dispatch.attempt_claim(node=placed.node, job_id=job_id, attempt_number=number) is False
+    assert dispatch.attempt_claim(node=placed.node, job_id=job_id, attempt_number=number) is None
     assert fresh(placed.attempt).claimed_at is None
 
 
@@ -338,23 +353,100 @@ def test_a_claim_after_the_attempt_ended_is_refused(placed) -> None:
     assert attempts_expire_leases() == 1
     assert (
         dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
-        is False
+        is None
     )
 
 
-def test_a_claim_after_cancel_is_refused(placed, broadcasts) -> None:
+def test_a_claim_after_cancel_is_refused(placed) -> None:
     job_cancel(job=placed.job)
     assert (
         dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
-        is False
+        is None
+    )
+    assert fresh(placed.attempt).claimed_at is None
+
+
+# --- the report token: who may report for a node attempt ---------------------------------------
+
+
+def test_the_report_token_speaks_for_its_attempt_of_its_node(claimed) -> None:
+    assert dispatch.attempt_for_report(
+        node_name="gpu-a", job_id=claimed.job.public_id, attempt_number=1,
+        token=claimed.report_token,
+    )  # fmt: skip
+
+
+def test_a_report_token_survives_a_rotation_of_the_node_token(claimed) -> None:
+    """It speaks for the attempt the node claimed, not for the node: the executor already
+    running keeps reporting (the rotated node token is refused at claim and heartbeat)."""
+    nodes.node_rotate_token(node=claimed.node)
+    assert dispatch.attempt_for_report(
+        node_name="gpu-a", job_id=claimed.job.public_id, attempt_number=1,
+        token=claimed.report_token,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["empty", "garbage", "node-token", "other-node-named", "other-attempt", "other-job",
+     "other-nodes-attempt", "other-salt", "other-secret", "tampered", "expired"],
+)  # fmt: skip
+def test_a_report_token_is_refused_for_anything_but_its_attempt(
+    claimed, make_job, dispatch_now, settings, monkeypatch, case
+) -> None:
+    node_b, _ = online_node("gpu-b")
+    job_b = make_job()
+    assert dispatch_now() == 1
+    claim_b = dispatch.attempt_claim(node=node_b, job_id=job_b.public_id, attempt_number=1)
+    assert claim_b is not None
+    job_id, good = claimed.job.public_id, claimed.report_token
+    payload = {"attempt": claimed.attempt.pk, "node": "gpu-a"}
+    ask = {"node_name": "gpu-a", "job_id": job_id, "attempt_number": 1, "token": good}
+    if case == "empty":
+        ask["token"] = ""
+    elif case == "garbage":
+        ask["token"] = "not-a-token"
+    elif case == "node-token":
+        ask["token"] = claimed.token
+    elif case == "other-node-named":
+        ask["node_name"] = "gpu-b"
+    elif case == "other-attempt":
+        ask["attempt_number"] = 2
+    elif case == "other-job":
+        ask["job_id"] = job_b.public_id
+    elif case == "other-nodes-attempt":  # gpu-b's token for gpu-b's attempt, sent as gpu-a's
+        ask["token"] = claim_b.report_token
+    elif case == "other-salt":
+        ask["token"] = signing.dumps(payload, salt="trainhub.something-else")
+    elif case == "other-secret":
+        ask["token"] = signing.dumps(
+            payload, key="another-deployments-secret", salt="trainhub.attempt-report"
+        )
+    elif case == "tampered":  # gpu-b's attempt in the payload, under gpu-a's signature
+        ask |= {"node_name": "gpu-b", "job_id": job_b.public_id}
+        assert dispatch.attempt_for_report(**(ask | {"token": claim_b.report_token}))
+        parts = good.split(":")  # payload:timestamp:signature
+        parts[0] = claim_b.report_token.split(":")[0]
+        ask["token"] = ":".join(parts)
+    elif case == "expired":
+        monkeypatch.setattr(dispatch, "_REPORT_TOKEN_SECONDS", -1)
+
+    assert dispatch.attempt_for_report(**ask) is False
+
+
+def test_a_report_token_for_an_attempt_not_claimed_is_refused(placed) -> None:
+    """Only a claim issues one: even signed with the real key, it is refused before that."""
+    forged = dispatch.report_token(placed.attempt)  # as the claim would have issued it
+    assert not dispatch.attempt_for_report(
+        node_name="gpu-a", job_id=placed.job.public_id, attempt_number=1, token=forged
     )
 
 
-# --- re-sends: unclaimed attempts, cancels ----------------------------------------------------
+# --- re-sends: unclaimed attempts --------------------------------------------------------------
 
 
 def test_resend_unclaimed_sends_only_old_unclaimed_live_local_attempts(
-    make_job, dispatch_now, sent, settings, broadcasts, django_capture_on_commit_callbacks
+    make_job, dispatch_now, sent, settings, django_capture_on_commit_callbacks
 ) -> None:
     settings.TRAINHUB_DISPATCH_RESEND_SECONDS = 30
     for name in ("a-old", "b-fresh", "c-claimed", "d-ended"):
@@ -379,31 +471,8 @@ def test_resend_unclaimed_sends_only_old_unclaimed_live_local_attempts(
 
     [(queue, message)] = run_messages(sent)
     assert queue == "gpu.node.a-old"
-    assert message["spec"]["job_id"] == jobs["a-old"].public_id
+    assert message == {"job_id": jobs["a-old"].public_id, "attempt": 1}
     assert len(sent.calls) == 1
-
-
-def test_resend_cancels_repeats_the_stop_until_the_job_is_cancelled(
-    claimed, broadcasts, django_capture_on_commit_callbacks
-) -> None:
-    job_cancel(job=claimed.job)
-    broadcasts.calls.clear()
-
-    with django_capture_on_commit_callbacks(execute=True):  # beat's tick commits
-        assert dispatch.attempts_resend_cancels() == 1
-    assert broadcasts.calls == [
-        {
-            "command": cc.CANCEL_ATTEMPT_COMMAND,
-            "arguments": {"job_id": claimed.job.public_id, "attempt": 1},
-            "destination": ["node@gpu-a"],
-        }
-    ]
-
-    expire_lease(claimed.attempt)
-    attempts_expire_leases()
-    assert fresh(claimed.job).status == S.CANCELLED
-    assert dispatch.attempts_resend_cancels() == 0
-    assert len(broadcasts.calls) == 1
 
 
 # --- after a lost attempt ---------------------------------------------------------------------
@@ -420,9 +489,10 @@ def test_the_nodes_next_job_is_attempt_two_of_the_requeued_job(placed, dispatch_
     assert second.node_name == "gpu-a" and second.ended_at is None
     assert fresh(placed.node).current_attempt_id == second.pk
     [(_, message)] = run_messages(sent)
-    assert (message["spec"]["job_id"], message["spec"]["attempt"]) == (placed.job.public_id, 2)
+    assert message == {"job_id": placed.job.public_id, "attempt": 2}
     assert (
         dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=1)
-        is False
+        is None
     ), "the outdated attempt 1 stays refused"
-    assert dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=2)
+    claim = dispatch.attempt_claim(node=placed.node, job_id=placed.job.public_id, attempt_number=2)
+    assert claim is not None and claim.spec["attempt"] == 2

@@ -1,7 +1,8 @@
 """jobs.services.nodes on the real database: a node's identity (its token, kept only as a hash,
-rotated), its status (heartbeats, drain, silence, stopping), its registration report, its token
-on its executor's events, and what a cancel or an attempt's end does to it (node_cancel,
-node_release). Celery messages are recorded (``sent``, ``broadcasts``), never sent; the fleet
+rotated), its status (heartbeats, drain, silence, stopping), its registration report, the
+cancels it pulls with its heartbeat (node_stop_requests), and what a cancel or an attempt's end
+does to it (node_release). The services take the node the API authenticated (test_api_nodes
+covers the tokens on the wire). Celery messages are recorded (``sent``), never sent; the fleet
 fixtures are in conftest.py, the helpers in _fleet.py."""
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from jobs.services.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
 from tests.jobs._db import fresh
 from tests.jobs._fleet import (
-    H100,
     attempt_of,
     expire_lease,
     node_report,
@@ -95,26 +95,14 @@ def test_a_node_never_heartbeaten_is_offline() -> None:
 def test_a_heartbeat_brings_a_node_idle_and_sends_a_dispatch(
     django_capture_on_commit_callbacks, sent
 ) -> None:
-    node, token = nodes.node_create(name="gpu-a")
-
-    with django_capture_on_commit_callbacks(execute=True):
-        assert nodes.node_heartbeat(name="gpu-a", token=token) == node
-
-    assert node_status(node) == N.IDLE
-    assert sent.calls == [(cc.DISPATCH, [])]
-
-
-def test_a_heartbeat_with_a_wrong_token_changes_nothing(
-    django_capture_on_commit_callbacks, sent
-) -> None:
     node, _ = nodes.node_create(name="gpu-a")
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert nodes.node_heartbeat(name="gpu-a", token="thn-guess") is None
+        nodes.node_heartbeat(node=node)
 
-    node.refresh_from_db()
-    assert (node.status, node.last_heartbeat_at) == (N.OFFLINE, None)
-    assert sent.calls == []
+    assert node_status(node) == N.IDLE
+    assert fresh(node).last_heartbeat_at is not None
+    assert sent.calls == [(cc.DISPATCH, [])]
 
 
 def test_draining_an_idle_node_makes_it_draining_and_undraining_idle_again(
@@ -139,7 +127,7 @@ def test_an_offline_node_stays_offline_when_drained() -> None:
 def test_a_node_holding_an_attempt_is_busy_and_stays_busy_on_heartbeat(placed) -> None:
     assert node_status(placed.node) == N.BUSY
     assert placed.node.current_attempt_id == placed.attempt.pk
-    nodes.node_heartbeat(name="gpu-a", token=placed.token)
+    nodes.node_heartbeat(node=placed.node)
     assert node_status(placed.node) == N.BUSY
 
 
@@ -159,18 +147,18 @@ def test_a_node_silent_for_the_offline_timeout_is_marked_offline(settings) -> No
 
 
 def test_a_node_that_says_it_is_stopping_is_offline_at_once() -> None:
-    node, token = online_node("gpu-a")
-    nodes.node_stopping(name="gpu-a", token="thn-wrong")
-    assert node_status(node) == N.IDLE
-    nodes.node_stopping(name="gpu-a", token=token)
-    assert node_status(node) == N.OFFLINE
+    node, _ = online_node("gpu-a")
+    other, _ = online_node("gpu-b")
+    nodes.node_stopping(node=node)
+    assert (node_status(node), node_status(other)) == (N.OFFLINE, N.IDLE)
+    assert fresh(node).last_heartbeat_at is None
 
 
 # --- registration -----------------------------------------------------------------------------
 
 
 def test_register_stores_the_report_with_types_enforced() -> None:
-    node, token = nodes.node_create(name="gpu-a")
+    node, _ = nodes.node_create(name="gpu-a")
     report = {
         "capabilities": {
             "gpu_count": 99,  # counted from the list instead
@@ -190,7 +178,7 @@ def test_register_stores_the_report_with_types_enforced() -> None:
         "not_kept": "z",
     }
 
-    assert nodes.node_register(name="gpu-a", token=token, report=report) == node
+    assert nodes.node_register(node=node, report=report) == node
 
     node.refresh_from_db()
     assert node.capabilities == {
@@ -206,10 +194,8 @@ def test_register_stores_the_report_with_types_enforced() -> None:
 
 
 def test_register_with_non_object_capabilities_and_labels_stores_empty_ones() -> None:
-    node, token = nodes.node_create(name="gpu-a")
-    nodes.node_register(
-        name="gpu-a", token=token, report={"capabilities": "8x H100", "labels": ["a", "b"]}
-    )
+    node, _ = nodes.node_create(name="gpu-a")
+    nodes.node_register(node=node, report={"capabilities": "8x H100", "labels": ["a", "b"]})
     node.refresh_from_db()
     assert node.capabilities == {"gpu_count": 0, "gpus": []}
     assert node.labels == {}
@@ -218,113 +204,144 @@ def test_register_with_non_object_capabilities_and_labels_stores_empty_ones() ->
 
 @pytest.mark.parametrize("gpus", [{"name": "H100"}, 8], ids=["object", "number"])
 def test_register_with_a_gpu_list_that_is_not_a_list_does_not_crash(gpus) -> None:
-    node, token = nodes.node_create(name="gpu-a")
-    nodes.node_register(name="gpu-a", token=token, report={"capabilities": {"gpus": gpus}})
+    node, _ = nodes.node_create(name="gpu-a")
+    nodes.node_register(node=node, report={"capabilities": {"gpus": gpus}})
     node.refresh_from_db()
     assert node.capabilities["gpus"] == [] and node.status == N.IDLE
 
 
 @pytest.mark.parametrize("vram", ["80GB", [81559]], ids=["text", "list"])
 def test_register_with_a_malformed_vram_does_not_crash(vram) -> None:
-    node, token = nodes.node_create(name="gpu-a")
+    node, _ = nodes.node_create(name="gpu-a")
     report = {"capabilities": {"gpus": [{"name": "H100", "vram_mb": vram}]}}
-    nodes.node_register(name="gpu-a", token=token, report=report)
+    nodes.node_register(node=node, report=report)
     node.refresh_from_db()
     assert node.capabilities["gpus"] == [{"name": "H100", "vram_mb": 0}]
-
-
-def test_register_with_a_wrong_token_stores_nothing() -> None:
-    node, _ = nodes.node_create(name="gpu-a")
-    assert nodes.node_register(name="gpu-a", token="thn-x", report=node_report((H100,))) is None
-    node.refresh_from_db()
-    assert (node.capabilities, node.status, node.registered_at) == ({}, N.OFFLINE, None)
 
 
 def test_a_retired_ephemeral_node_comes_back_only_as_a_new_process(make_job, dispatch_now) -> None:
     """Its last heartbeats and re-registrations, sent while it shuts down, must not make it
     idle again; a restarted node (another worker process) is welcome."""
-    _, token = nodes.node_create(name="gpu-r")
+    node, _ = nodes.node_create(name="gpu-r")
     report = node_report(ephemeral=True, process="host:10:1")
-    nodes.node_register(name="gpu-r", token=token, report=report)
+    nodes.node_register(node=node, report=report)
     job = make_job()
     assert dispatch_now() == 1
     attempt_end(attempt=attempt_of(job), reason=EndReason.SUCCEEDED)
     node = GpuNode.objects.get(name="gpu-r")
     assert (node.retired, node.status) == (True, N.OFFLINE)
 
-    nodes.node_heartbeat(name="gpu-r", token=token)
-    nodes.node_register(name="gpu-r", token=token, report=report)
+    # Each call gets the node as the API reads it for that request.
+    nodes.node_heartbeat(node=fresh(node))
+    nodes.node_register(node=fresh(node), report=report)
     assert node_status(node) == N.OFFLINE
-    nodes.node_register(name="gpu-r", token=token, report={**report, "process": "host:11:2"})
-    assert (fresh(node).retired, node.status) == (False, N.IDLE)
+    nodes.node_register(node=fresh(node), report={**report, "process": "host:11:2"})
+    assert (fresh(node).retired, node_status(node)) == (False, N.IDLE)
 
 
-# --- executor events of a node attempt --------------------------------------------------------
+# --- cancels the node pulls: node_stop_requests -----------------------------------------------
 
 
-def _log(seq: int) -> dict:
-    return {"seq": seq, "type": "log", "message": f"line {seq}"}
+def _stop(job_id: str, attempt: int = 1) -> dict:
+    return {"job_id": job_id, "attempt": attempt}
 
 
-@pytest.mark.parametrize("sender", ["no-token", "wrong-token", "other-node", "other-nodes-token"])
-def test_events_of_a_node_attempt_without_its_nodes_token_are_dropped(placed, sender) -> None:
-    _, other_token = online_node("gpu-b")
-    node, token = {
-        "no-token": ("gpu-a", None),
-        "wrong-token": ("gpu-a", "thn-guess"),
-        "other-node": ("gpu-b", other_token),
-        "other-nodes-token": ("gpu-a", other_token),
-    }[sender]
-    before = fresh(placed.job).event_counter
-
-    stored = attempt_record_events(
-        job_id=placed.job.public_id,
-        attempt_number=1,
-        events=[_log(1), {"seq": 2, "type": "status", "data": {"status": "running"}}],
-        node=node,
-        token=token,
-    )
-
-    assert stored == 0
-    job = fresh(placed.job)
-    assert (job.status, job.event_counter) == (S.PROVISIONING, before)
-
-
-def test_events_with_the_nodes_token_are_stored(placed) -> None:
-    stored = attempt_record_events(
-        job_id=placed.job.public_id,
-        attempt_number=1,
-        events=[_log(1), {"seq": 2, "type": "status", "data": {"status": "running"}}],
-        node="gpu-a",
-        token=placed.token,
-    )
-    assert stored == 2
-    assert fresh(placed.job).status == S.RUNNING
-
-
-def test_after_rotation_events_with_the_old_token_are_dropped(placed) -> None:
-    new = nodes.node_rotate_token(node=placed.node)
-    job_id = placed.job.public_id
-
-    assert (
-        attempt_record_events(
-            job_id=job_id, attempt_number=1, events=[_log(1)], node="gpu-a", token=placed.token
-        )
-        == 0
-    )
-    assert (
-        attempt_record_events(
-            job_id=job_id, attempt_number=1, events=[_log(1)], node="gpu-a", token=new
-        )
-        == 1
+def test_a_node_with_nothing_cancelled_has_nothing_to_stop(claimed) -> None:
+    assert nodes.node_stop_requests(node=claimed.node) == []
+    running = (claimed.job.public_id, 1)
+    assert nodes.node_stop_requests(node=claimed.node, running=running) == [], (
+        "the live attempt of a running job, claimed by this node, goes on"
     )
 
 
-# --- cancel: node_cancel, node_release --------------------------------------------------------
+def test_a_cancel_of_a_claimed_attempt_is_pulled_by_its_node_only(
+    claimed, django_capture_on_commit_callbacks, sent
+) -> None:
+    other, _ = online_node("gpu-b")
+    sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        job_cancel(job=claimed.job)
+
+    assert fresh(claimed.job).status == S.CANCELLING
+    assert fresh(claimed.attempt).ended_at is None, "ends when the node confirms the stop"
+    assert node_status(claimed.node) == N.BUSY
+    assert [q for q in sent.queues if q and q.startswith(cc.NODE_QUEUE_PREFIX)] == [], (
+        "nothing is pushed to a node: it pulls the cancel with its heartbeat"
+    )
+    job_id = claimed.job.public_id
+    assert nodes.node_stop_requests(node=claimed.node) == [_stop(job_id)]
+    assert nodes.node_stop_requests(node=claimed.node, running=(job_id, 1)) == [_stop(job_id)]
+    assert nodes.node_stop_requests(node=other) == []
+
+
+def test_a_cancel_is_pulled_on_every_heartbeat_until_the_job_is_cancelled(claimed) -> None:
+    """Nothing is re-sent: a lost answer is repeated by the next one, until the attempt ends
+    (the node's confirmation, or here its lease)."""
+    job_cancel(job=claimed.job)
+    job_id = claimed.job.public_id
+    for _ in range(3):
+        nodes.node_heartbeat(node=claimed.node)
+        assert nodes.node_stop_requests(node=claimed.node) == [_stop(job_id)]
+
+    expire_lease(claimed.attempt)
+    attempts_expire_leases()
+
+    assert fresh(claimed.job).status == S.CANCELLED
+    assert nodes.node_stop_requests(node=claimed.node) == []
+
+
+def test_an_attempt_the_node_runs_after_it_ended_is_to_stop(claimed) -> None:
+    """A lease that expired while the node was cut off: the job moved on without it, so what
+    it still runs must stop (it is not cancelling: only the node's own report says so)."""
+    expire_lease(claimed.attempt)
+    assert attempts_expire_leases() == 1
+    job_id = claimed.job.public_id
+
+    assert nodes.node_stop_requests(node=claimed.node) == []
+    assert nodes.node_stop_requests(node=claimed.node, running=(job_id, 1)) == [_stop(job_id)]
+
+
+@pytest.mark.parametrize("what", ["unclaimed", "unknown-job", "other-attempt", "other-nodes"])
+def test_an_attempt_a_node_runs_without_having_claimed_it_is_to_stop(
+    placed, make_job, dispatch_now, what
+) -> None:
+    online_node("gpu-b")
+    others = make_job()
+    assert dispatch_now() == 1  # others' attempt 1 goes to gpu-b
+    running = {
+        "unclaimed": (placed.job.public_id, 1),
+        "unknown-job": ("ftjob-nosuchjob", 1),
+        "other-attempt": (placed.job.public_id, 2),
+        "other-nodes": (others.public_id, 1),
+    }[what]
+
+    assert nodes.node_stop_requests(node=placed.node, running=running) == [_stop(*running)]
+    assert attempt_of(others).ended_at is None, "only a request to gpu-a, nothing ended"
+
+
+@pytest.mark.parametrize(
+    "running",
+    [
+        (1, 1),
+        ("ftjob-x", "1"),
+        (None, None),
+        pytest.param(
+            ("ftjob-x", True),
+            marks=pytest.mark.xfail(
+                strict=True, reason="a JSON true passes isinstance(int) and is echoed back"
+            ),
+        ),
+    ],
+)
+def test_a_malformed_running_attempt_is_ignored(placed, running) -> None:
+    assert nodes.node_stop_requests(node=placed.node, running=running) == []
+
+
+# --- cancel, and the node's report of how its attempt ended -------------------------------------
 
 
 def test_cancel_before_the_node_claimed_ends_the_attempt_and_frees_the_node(
-    placed, broadcasts, django_capture_on_commit_callbacks, sent
+    placed, django_capture_on_commit_callbacks, sent
 ) -> None:
     sent.clear()
     with django_capture_on_commit_callbacks(execute=True):
@@ -335,29 +352,11 @@ def test_cancel_before_the_node_claimed_ends_the_attempt_and_frees_the_node(
     assert attempt.ended_at is not None and attempt.end_reason == "cancelled"
     node = fresh(placed.node)
     assert (node.status, node.current_attempt_id) == (N.IDLE, None)
-    assert broadcasts.calls == [], "nothing runs yet: nothing to stop"
+    assert nodes.node_stop_requests(node=node) == [], "nothing runs yet: nothing to stop"
     assert sent.named(cc.DISPATCH), "the freed node looks for the next job"
 
 
-def test_cancel_of_a_claimed_attempt_broadcasts_a_stop_to_its_node(
-    claimed, broadcasts, django_capture_on_commit_callbacks
-) -> None:
-    with django_capture_on_commit_callbacks(execute=True):
-        job_cancel(job=claimed.job)
-
-    assert fresh(claimed.job).status == S.CANCELLING
-    assert fresh(claimed.attempt).ended_at is None
-    assert node_status(claimed.node) == N.BUSY
-    assert broadcasts.calls == [
-        {
-            "command": cc.CANCEL_ATTEMPT_COMMAND,
-            "arguments": {"job_id": claimed.job.public_id, "attempt": 1},
-            "destination": ["node@gpu-a"],
-        }
-    ]
-
-
-def test_the_node_confirming_the_cancel_frees_it(claimed, broadcasts) -> None:
+def test_the_node_confirming_the_cancel_frees_it(claimed) -> None:
     job_cancel(job=claimed.job)
     attempt_record_events(
         job_id=claimed.job.public_id,
@@ -365,12 +364,11 @@ def test_the_node_confirming_the_cancel_frees_it(claimed, broadcasts) -> None:
         events=[
             {"seq": 1, "type": "status", "message": "stopped", "data": {"status": "cancelled"}}
         ],
-        node="gpu-a",
-        token=claimed.token,
     )
     assert fresh(claimed.job).status == S.CANCELLED
     node = fresh(claimed.node)
     assert (node.status, node.current_attempt_id) == (N.IDLE, None)
+    assert nodes.node_stop_requests(node=node) == [], "the cancel is not pulled again"
 
 
 # --- attempt end and the node: node_release ---------------------------------------------------
@@ -395,8 +393,6 @@ def test_a_failure_reported_by_the_node_frees_it(claimed) -> None:
         job_id=claimed.job.public_id,
         attempt_number=1,
         events=[{"seq": 1, "type": "error", "message": "CUDA OOM", "data": {"code": "oom"}}],
-        node="gpu-a",
-        token=claimed.token,
     )
     job = fresh(claimed.job)
     assert (job.status, job.error_code) == (S.FAILED, "oom")
