@@ -13,6 +13,7 @@ from gpu_worker import celery_conf as cc
 from jobs.errors import Conflict, InvalidTransition
 from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.attempts import attempt_record_events, attempt_start, attempts_expire_leases
+from jobs.services.events import MAX_EVENTS_PER_BATCH
 from jobs.services.jobs import job_cancel, job_retry
 from jobs.states import JobStatus
 from tests.factories import JobAttemptFactory
@@ -49,7 +50,8 @@ def queued(make_job) -> TrainingJob:
 
 @pytest.fixture
 def running(queued) -> tuple[TrainingJob, JobAttempt]:
-    # No node: events of a node's attempt need its token (tests/jobs/test_services_nodes.py).
+    # No node: who may report for a node's attempt is the events endpoint's to decide (the
+    # attempt's report token, tests/jobs/test_api_nodes.py); the service stores what it gets.
     attempt = attempt_start(job=queued, target="local")
     attempt_record_events(job_id=queued.public_id, attempt_number=1, events=[_status("running", 0)])
     return _fresh(queued), attempt
@@ -273,6 +275,21 @@ def test_malformed_events_are_skipped(running) -> None:
     stored = JobEvent.objects.get(job=job, attempt=1, seq=7)
     assert len(stored.message) == 4000
     assert _fresh(job).status == S.RUNNING
+
+
+def test_a_flood_of_events_is_capped_but_its_final_status_still_applies(running) -> None:
+    """An executor (a node or rented host) may be hostile: one batch stores at most
+    MAX_EVENTS_PER_BATCH routine events, and never drops the status that ends the attempt."""
+    job, attempt = running
+    flood = [{"seq": i, "type": "log", "message": f"spam {i}"} for i in range(1, 2001)]
+    failed = {"seq": 5000, "type": "error", "message": "OOM", "data": {"code": "oom"}}
+
+    stored = attempt_record_events(job_id=job.public_id, attempt_number=1, events=[*flood, failed])
+
+    assert stored == MAX_EVENTS_PER_BATCH + 1
+    assert JobEvent.objects.filter(job=job, attempt=1, type="log").count() == MAX_EVENTS_PER_BATCH
+    assert (_fresh(job).status, job.error_code) == (S.FAILED, "oom")
+    assert _fresh(attempt).ended_at is not None
 
 
 # --- leases -----------------------------------------------------------------------------------

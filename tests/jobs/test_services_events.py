@@ -1,14 +1,26 @@
-"""Job events: public numbering, executor batches stored once, malformed input rejected."""
+"""Job events: public numbering, executor batches stored once, malformed input rejected, and the
+caps on what an executor (a node or a rented host, not trusted) can make the control plane
+store: an event's data, the routine events of one batch and of one attempt."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 
 from jobs.models import JobEvent, TrainingJob
-from jobs.services.events import MAX_MESSAGE_CHARS, clean_executor_event, event_append, events_store
+from jobs.services import events as events_module
+from jobs.services.events import (
+    MAX_EVENT_DATA_BYTES,
+    MAX_EVENTS_PER_BATCH,
+    MAX_MESSAGE_CHARS,
+    clean_executor_event,
+    event_append,
+    events_store,
+    events_within_caps,
+)
 from tests.factories import JobEventFactory
 
 
@@ -114,6 +126,75 @@ def test_clean_event_defaults_and_truncation() -> None:
     assert cleaned == {"seq": 0, "type": "heartbeat", "level": "info", "message": "42", "data": {}}
     long = clean_executor_event({"seq": 1, "type": "log", "message": "y" * 9000, "data": None})
     assert long is not None and len(long["message"]) == MAX_MESSAGE_CHARS and long["data"] == {}
+
+
+# --- caps ----------------------------------------------------------------------------------------
+
+
+def _data_of_json_size(size: int) -> dict:
+    """A data object whose JSON (as the cap measures it) is exactly ``size`` characters."""
+    data = {"blob": ""}
+    data["blob"] = "x" * (size - len(json.dumps(data)))
+    assert len(json.dumps(data)) == size
+    return data
+
+
+def test_event_data_up_to_the_cap_is_kept_and_over_it_is_replaced_by_a_note() -> None:
+    at_cap = _data_of_json_size(MAX_EVENT_DATA_BYTES)
+    over = _data_of_json_size(MAX_EVENT_DATA_BYTES + 1)
+
+    kept = clean_executor_event({"seq": 0, "type": "log", "message": "m", "data": at_cap})
+    dropped = clean_executor_event({"seq": 1, "type": "status", "message": "m", "data": over})
+
+    assert kept is not None and kept["data"] == at_cap
+    assert dropped == {
+        "seq": 1, "type": "status", "level": "info", "message": "m",
+        "data": {"data_dropped": f"over {MAX_EVENT_DATA_BYTES} bytes"},
+    }  # fmt: skip
+
+
+def _cleaned(seq: int, type_: str = "log") -> dict:
+    event = clean_executor_event({"seq": seq, "type": type_, "message": f"{type_} {seq}"})
+    assert event is not None
+    return event
+
+
+def test_a_batch_within_the_caps_is_kept_whole(job) -> None:
+    batch = [_cleaned(i) for i in range(MAX_EVENTS_PER_BATCH)] + [_cleaned(999, "status")]
+    assert events_within_caps(job=job, attempt=1, events=batch) == batch
+
+
+def test_a_batch_keeps_its_first_routine_events_up_to_the_cap_and_every_decisive_one(
+    job, caplog
+) -> None:
+    routine = [_cleaned(i, ("log", "metrics", "heartbeat")[i % 3]) for i in range(700)]
+    decisive = [_cleaned(1000 + i, t) for i, t in
+                enumerate(("status", "error", "checkpoint", "artifact"))]  # fmt: skip
+    # Decisive events anywhere in the batch, the last ones after the cap is reached.
+    batch = routine[:10] + decisive[:2] + routine[10:] + decisive[2:]
+
+    kept = events_within_caps(job=job, attempt=1, events=batch)
+
+    assert kept == routine[:10] + decisive[:2] + routine[10:MAX_EVENTS_PER_BATCH] + decisive[2:]
+    [warning] = [r for r in caplog.records if "over the caps" in r.getMessage()]
+    assert f"dropped {700 - MAX_EVENTS_PER_BATCH} of 704" in warning.getMessage()
+    assert job.public_id in warning.getMessage()
+
+
+def test_the_attempt_cap_counts_what_the_attempt_already_stored(job, monkeypatch) -> None:
+    monkeypatch.setattr(events_module, "MAX_EVENTS_PER_ATTEMPT", 10)
+    events_store(job=job, attempt=1, events=[_cleaned(i) for i in range(8)])
+
+    batch = [_cleaned(100 + i) for i in range(5)] + [_cleaned(200, "status")]
+    kept = events_within_caps(job=job, attempt=1, events=batch)
+    assert kept == batch[:2] + batch[-1:]
+    events_store(job=job, attempt=1, events=kept)
+
+    full = [_cleaned(300), _cleaned(301, "error"), _cleaned(302, "artifact")]
+    assert events_within_caps(job=job, attempt=1, events=full) == full[1:], (
+        "at the cap, only what moves the job is stored"
+    )
+    assert events_within_caps(job=job, attempt=2, events=batch) == batch, "per attempt"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -28,10 +28,10 @@ S = JobStatus
 
 
 def idle_node(name: str = "gpu-a", vram_mb: int = 81559) -> GpuNode:
-    node, token = nodes.node_create(name=name, actor="ops")
+    node, _ = nodes.node_create(name=name, actor="ops")
     gpus = [{"name": "NVIDIA H100 80GB HBM3", "vram_mb": vram_mb}]
     report = {"capabilities": {"gpus": gpus, "gpu_count": 1}, "labels": {}}
-    nodes.node_register(name=name, token=token, report={**report, "celery_hostname": f"n@{name}"})
+    nodes.node_register(node=node, report={**report, "celery_hostname": f"n@{name}"})
     return GpuNode.objects.get(pk=node.pk)
 
 

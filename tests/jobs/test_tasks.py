@@ -329,21 +329,11 @@ def test_expire_leases_skips_while_the_lock_is_held(make_job) -> None:
     assert fresh(job).status == S.QUEUED
 
 
-def test_record_events_task_stores_through_the_service(make_job) -> None:
-    job = make_job()
-    attempt_start(job=job, target="local")
-    tasks.record_events(
-        job.public_id, 1, [{"seq": 0, "type": "status", "data": {"status": "running"}}]
-    )
-    assert fresh(job).status == S.RUNNING
-
-
 def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
     from trainhub.celery import app
 
     names = [cc.VALIDATE_FILE, cc.PLACE_JOB, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
-             cc.STOP_MACHINES, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.RECORD_EVENTS, cc.DISPATCH,
-             cc.FLEET_TICK, cc.NODE_REGISTER, cc.NODE_HEARTBEAT, cc.NODE_STOPPING,
+             cc.STOP_MACHINES, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.DISPATCH, cc.FLEET_TICK,
              cc.PURGE_STORAGE, cc.STORAGE_SWEEP, cc.PROVISION_ATTEMPT, cc.POLL_ATTEMPT,
              cc.RECONCILE_PROVIDERS]  # fmt: skip
     for name in names:
@@ -357,6 +347,17 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
         cc.RECONCILE_PROVIDERS, cc.PLACE_WAITING,
     }  # fmt: skip
     assert app.conf.broker_transport_options["visibility_timeout"] > cc.LONGEST_JOB_SECONDS
+
+
+def test_the_control_plane_has_no_task_a_node_could_send() -> None:
+    """Nodes speak over HTTPS with their token (jobs.api.node_views) and cannot publish to the
+    broker: the tasks they once sent (events, registration, heartbeats) are gone for good."""
+    from trainhub.celery import app
+
+    removed = {"trainhub.record_events", "trainhub.node_register", "trainhub.node_heartbeat",
+               "trainhub.node_stopping"}  # fmt: skip
+    assert removed.isdisjoint(app.tasks)
+    assert not hasattr(cc, "RECORD_EVENTS") and not hasattr(cc, "CANCEL_ATTEMPT_COMMAND")
 
 
 # --- single beat ---------------------------------------------------------------------------------
