@@ -535,7 +535,8 @@ def test_events_without_the_attempts_report_token_are_403_and_store_nothing(
     claim_b = _claim(other, {"job_id": job_b.public_id, "attempt": 1}, node="gpu-b")
     report_b = claim_b.json()["report_token"]
     before = {j.pk: (j.status, j.event_counter) for j in TrainingJob.objects.all()}
-    token, path, scheme = report_token, _events_path(job_id), "Bearer"
+    token: str | None = report_token
+    path, scheme = _events_path(job_id), "Bearer"
     if case == "missing":
         token = None
     elif case == "garbage":
