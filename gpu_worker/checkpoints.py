@@ -1,7 +1,9 @@
 """Training checkpoints as single files: the Trainer's checkpoint directory in a bundle tar.
 
 Also :class:`Checkpointer`, which decides when the running job checkpoints and ships each
-checkpoint to the attempt's checkpoint slot (one URL, overwritten: latest only).
+checkpoint to the attempt's own checkpoint URL (overwritten: latest only). A later attempt
+resumes from the control plane's sealed copy of it, which no URL can write (jobs.storage.seal):
+once a later attempt started, this one's uploads are refused (409) or never read.
 
 A checkpoint is what ``transformers.Trainer`` writes for ``resume_from_checkpoint``: adapter
 weights, optimizer, scheduler, RNG states and ``trainer_state.json`` (global step, log
@@ -73,7 +75,7 @@ def unpack(tar_path: Path, dest: Path) -> int:
 
 class Checkpointer:
     """When to checkpoint (every ``every_steps`` optimizer steps, or after ``every_seconds``
-    without one), and shipping the Trainer's checkpoint directory to the slot at ``url``."""
+    without one), and shipping the Trainer's checkpoint directory to the attempt's ``url``."""
 
     def __init__(
         self,

@@ -112,6 +112,8 @@ def _http_error(resp: requests.Response, verb: str, url: str) -> str:
         hint = "; the signed URL may have expired (a new attempt gets fresh URLs)"
     elif resp.status_code == 404:
         hint = "; the object does not exist at that URL"
+    elif resp.status_code == 409:
+        hint = "; the control plane has sealed this upload (a later attempt took over)"
     return f"{verb} {redact(url)} returned HTTP {resp.status_code}{hint}" + (
         f" ({body})" if body else ""
     )

@@ -71,6 +71,8 @@ def web_command(port: int) -> list[str]:
         "-m",
         "gunicorn",
         "trainhub.wsgi",
+        "-c",  # access log lines without query strings (transfer tokens live there)
+        "python:trainhub.gunicorn_conf",
         "-b",
         f"127.0.0.1:{port}",
         "-w",

@@ -1,10 +1,13 @@
 """Storage retention: what is kept, and the sweep that deletes the rest.
 
-- A job's verified adapter lives as long as the job.
-- Its checkpoint slot and unverified bundles (attempts that failed, quarantined uploads) are
-  deleted once it finished: at once when it succeeded (nothing resumes from them), after
+- A job's verified adapter lives as long as the job, and so do its seal markers (empty objects,
+  jobs.storage.seal): while one exists its upload URL stays closed and nothing uploaded there is
+  ever promoted, however long the URL itself stays valid.
+- Everything else — every attempt's checkpoints (uploaded and sealed), unverified bundles
+  (attempts that failed, quarantined uploads), uploads that arrived after a seal — is deleted
+  once the job finished: at once when it succeeded (nothing resumes from them), after
   ``TRAINHUB_CHECKPOINT_RETENTION_SECONDS`` when it failed or was cancelled (a retry resumes
-  from the checkpoint; an operator may inspect a quarantined upload).
+  from the newest checkpoint; an operator may inspect a quarantined upload).
 - Deleting a job or a file writes a :class:`StorageDeletion` in the same transaction; its
   objects are deleted on commit and again by every sweep until all URLs that could still write
   there have expired, so a crash or a late upload leaves nothing behind.
@@ -95,8 +98,9 @@ def _jobs_due(now: datetime):
 
 
 def _sweep_job(*, job_pk: int, now: datetime) -> int:
-    """Delete a finished job's objects except its verified adapters. The job row stays locked
-    meanwhile, so a retry cannot start (and resume from the checkpoint) halfway through."""
+    """Delete a finished job's objects except its verified adapters and seal markers. The job
+    row stays locked meanwhile, so a retry cannot start (and resume from a checkpoint) halfway
+    through."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_pk).first()
         if job is None or job.status not in TERMINAL:
@@ -105,7 +109,7 @@ def _sweep_job(*, job_pk: int, now: datetime) -> int:
         stale = [
             info.key
             for info in storage.list_objects(storage.job_prefix(job.project_id, job.public_id))
-            if info.key not in keep
+            if info.key not in keep and not storage.is_seal_marker(info.key)
         ]
         for key in stale:
             storage.delete(key)

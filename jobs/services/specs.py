@@ -1,6 +1,11 @@
 """The executor's job spec for an attempt (gpu_worker.spec), with its signed transfer URLs.
 
 One builder for every launcher: the node dispatcher, serverless launches and SSH machines.
+
+Every attempt uploads to keys of its own (jobs.storage.keys), and its URLs outlive it. So an
+attempt never resumes from an upload key another attempt's URL can still write: building its
+spec seals every earlier attempt's checkpoint (jobs.storage.seal) and resumes from the newest
+sealed one, bytes that no URL reaches.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ def attempt_spec(
         return storage.transfer_url(key, method, ttl_seconds=ttl, public=public, **kwargs)
 
     files = {"dataset": job.training_file, "validation_dataset": job.validation_file}
-    checkpoint = storage.checkpoint_key(job.project_id, job.public_id)
+    resume = _resume_key(attempt)
     spec: dict[str, Any] = {
         "version": SPEC_VERSION,
         "job_id": job.public_id,
@@ -55,8 +60,12 @@ def attempt_spec(
                 "PUT",
                 max_bytes=storage.MAX_PUT_BYTES,
             ),
-            "checkpoint_url": url(checkpoint, "PUT", max_bytes=storage.MAX_PUT_BYTES),
-            "resume_url": url(checkpoint, "GET") if storage.exists(checkpoint) else None,
+            "checkpoint_url": url(
+                storage.checkpoint_key(job.project_id, job.public_id, attempt.number),
+                "PUT",
+                max_bytes=storage.MAX_PUT_BYTES,
+            ),
+            "resume_url": url(resume, "GET") if resume is not None else None,
         },
         "adapter": job.adapter,
         "hyperparameters": job.hyperparameters,
@@ -71,3 +80,16 @@ def attempt_spec(
         },
     }
     return spec
+
+
+def _resume_key(attempt: JobAttempt) -> str | None:
+    """Seal the checkpoint uploads of the job's earlier attempts (all ended: a job runs one
+    attempt at a time) and return the newest sealed checkpoint, or None. Attempts resume one
+    from the next, so the highest-numbered checkpoint is the furthest along. Sealing is
+    idempotent, so a spec built again for the same attempt resumes from the same bytes."""
+    job = attempt.job
+    newest: str | None = None
+    for number in range(1, attempt.number):
+        sealed = storage.seal(storage.checkpoint_key(job.project_id, job.public_id, number))
+        newest = sealed or newest
+    return newest

@@ -4,7 +4,9 @@ Two backends, chosen by ``TRAINHUB_STORAGE``: ``local`` (a folder; the embedded 
 ``s3`` (boto3; AWS or any S3-compatible service). Everything else in trainhub calls the
 functions here and never sees which backend is in use.
 
-- keys.py      the layout: ``projects/<pk>/files/…``, ``projects/<pk>/jobs/<job>/…``
+- keys.py      the layout: ``projects/<pk>/files/…``, ``projects/<pk>/jobs/<job>/a<n>/…``;
+               uploads land in ``upload/`` keys, the only ones a PUT URL may name, and what is
+               trusted is first sealed (:func:`seal`) to a key no URL can write
 - local.py     filesystem backend; grants.py signs its transfer URLs; transfer.py their
                ``/transfer/`` route (GET with Range, PUT with size, sha256 and Content-MD5 checks)
 - configured.py  the backend TRAINHUB_STORAGE names
@@ -13,6 +15,7 @@ functions here and never sees which backend is in use.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 
 from django.conf import settings
@@ -36,8 +39,12 @@ from jobs.storage.grants import METHODS
 from jobs.storage.keys import (
     bundle_key,
     checkpoint_key,
+    is_seal_marker,
+    is_upload_key,
     job_prefix,
     project_prefix,
+    seal_marker_key,
+    sealed_key,
     training_file_key,
 )
 from jobs.storage.local import LocalBackend
@@ -58,12 +65,17 @@ __all__ = [
     "delete_prefix",
     "download_response",
     "exists",
+    "is_seal_marker",
+    "is_upload_key",
     "job_prefix",
     "list_objects",
     "project_prefix",
     "reachable_from_cloud",
     "read_chunks",
     "save_stream",
+    "seal",
+    "seal_marker_key",
+    "sealed_key",
     "size",
     "training_file_key",
     "transfer_url",
@@ -122,6 +134,24 @@ def delete_prefix(prefix: str) -> int:
     return len(keys)
 
 
+def seal(upload_key: str) -> str | None:
+    """Close ``upload_key`` for good and keep what it holds where no URL can write.
+
+    Writes the key's seal marker first (from then on the transfer route answers a PUT to it
+    with 409 and nothing there is promoted again), then moves the object to its
+    :func:`sealed_key`. Returns that key when it holds bytes, None when nothing was uploaded.
+    Idempotent and safe to race: once sealed, the sealed bytes never change, whatever is PUT to
+    the upload key later (an S3 presigned URL cannot be revoked; its bytes are never read)."""
+    store = backend()
+    sealed = sealed_key(upload_key)
+    marker = seal_marker_key(upload_key)
+    if not exists(marker):
+        store.save_stream(marker, [b""])
+        with contextlib.suppress(ObjectMissing):  # nothing uploaded, or a racing seal moved it
+            store.move(upload_key, sealed)
+    return sealed if exists(sealed) else None
+
+
 def transfer_url(
     key: str,
     method: str,
@@ -136,10 +166,13 @@ def transfer_url(
     7 days: S3's limit). A PUT needs ``max_bytes`` (at most 5 GiB: one S3 PUT) or the exact
     ``size``; ``size`` and ``sha256``, when known, pin the upload to exactly those bytes.
     ``public``: for workers outside the operator's network (local backend:
-    TRAINHUB_PUBLIC_URL). Raises ValueError for anything else."""
+    TRAINHUB_PUBLIC_URL). A PUT may name an upload key only (keys.is_upload_key): sealed
+    objects, training files and markers never get one. Raises ValueError for anything else."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     if method == "PUT":
+        if not is_upload_key(key):
+            raise ValueError(f"PUT transfer URLs name an attempt's upload key only, not {key!r}")
         cap = size if size is not None else max_bytes
         if cap is None:
             raise ValueError("a PUT transfer URL needs max_bytes or size")

@@ -86,6 +86,11 @@ class Backend(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def move(self, src: str, dst: str) -> None:
+        """Put the object at ``src`` at ``dst`` (replacing it) and remove ``src``; ObjectMissing
+        if ``src`` has none. ``dst`` holds one whole object at every moment, never a mix."""
+        ...
+
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (a folder ending in '/')."""
         ...

@@ -35,5 +35,6 @@ def sign(grant: Transfer) -> str:
     token = signing.dumps(payload, salt=SALT, compress=True)
     base = settings.TRAINHUB_PUBLIC_URL if grant.public else settings.TRAINHUB_CONTROL_URL
     # In the query string, like an S3 presigned URL's credentials: the executor's messages
-    # strip query strings (gpu_worker.transfer.redact/scrub), so the token never reaches a log.
+    # strip query strings (gpu_worker.transfer.redact/scrub) and so does the web process's
+    # access log (trainhub.gunicorn_conf), so the token never reaches a log.
     return f"{base.rstrip('/')}/transfer/?{urlencode({'t': token})}"

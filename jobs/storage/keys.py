@@ -3,8 +3,16 @@
 Layout (one folder per project and per job, so a job's objects go with it in one sweep)::
 
     projects/<project pk>/files/<file id>.jsonl
-    projects/<project pk>/jobs/<job id>/a<attempt>/adapter.tar     the attempt's bundle
-    projects/<project pk>/jobs/<job id>/checkpoint.tar             the job's checkpoint slot
+    projects/<project pk>/jobs/<job id>/a<n>/upload/adapter.tar      attempt n's bundle, as uploaded
+    projects/<project pk>/jobs/<job id>/a<n>/upload/checkpoint.tar   attempt n's latest checkpoint
+    projects/<project pk>/jobs/<job id>/a<n>/sealed/<name>           the same bytes, once sealed
+    projects/<project pk>/jobs/<job id>/a<n>/sealed/<name>.seal      the marker: upload closed
+
+Only ``upload/`` keys ever get a PUT URL (``jobs.storage.transfer_url`` refuses any other), and a
+URL outlives the attempt that received it. So what the control plane trusts — a verified adapter,
+the checkpoint a later attempt resumes from — is first *sealed*: moved to its ``sealed/`` key, for
+which no URL was ever issued, next to a marker that closes the upload for good
+(``jobs.storage.seal``).
 """
 
 from __future__ import annotations
@@ -12,6 +20,12 @@ from __future__ import annotations
 import re
 
 _PUBLIC_ID = re.compile(r"[a-z]+-[A-Za-z0-9]{1,64}")
+# What an upload key looks like (see the layout above); the transfer route checks PUTs against it.
+_UPLOAD = re.compile(
+    r"(?P<attempt>projects/[0-9]+/jobs/[a-z]+-[A-Za-z0-9]{1,64}/a[0-9]+/)upload/"
+    r"(?P<name>adapter\.tar|checkpoint\.tar)"
+)
+SEAL_SUFFIX = ".seal"
 
 
 def _id(value: str) -> str:
@@ -34,7 +48,7 @@ def jobs_prefix(project_id: int) -> str:
 
 
 def job_prefix(project_id: int, job_public_id: str) -> str:
-    """Everything stored for one job: attempt bundles and the checkpoint slot."""
+    """Everything stored for one job: every attempt's uploads, sealed objects and markers."""
     return f"{jobs_prefix(project_id)}{_id(job_public_id)}/"
 
 
@@ -42,11 +56,40 @@ def training_file_key(project_id: int, file_public_id: str) -> str:
     return f"{files_prefix(project_id)}{_id(file_public_id)}.jsonl"
 
 
+def _attempt_prefix(project_id: int, job_public_id: str, attempt_number: int) -> str:
+    return f"{job_prefix(project_id, job_public_id)}a{int(attempt_number)}/"
+
+
 def bundle_key(project_id: int, job_public_id: str, attempt_number: int) -> str:
-    """Where an attempt's adapter bundle is uploaded (and kept once verified)."""
-    return f"{job_prefix(project_id, job_public_id)}a{int(attempt_number)}/adapter.tar"
+    """Where attempt ``attempt_number`` uploads its adapter bundle (its ``artifact_url``).
+    Ingest seals it to ``sealed_key(bundle_key(...))``, the key the verified artifact names."""
+    return f"{_attempt_prefix(project_id, job_public_id, attempt_number)}upload/adapter.tar"
 
 
-def checkpoint_key(project_id: int, job_public_id: str) -> str:
-    """The job's checkpoint slot: every attempt overwrites it, the next one resumes from it."""
-    return f"{job_prefix(project_id, job_public_id)}checkpoint.tar"
+def checkpoint_key(project_id: int, job_public_id: str, attempt_number: int) -> str:
+    """Where attempt ``attempt_number`` uploads its checkpoints (its ``checkpoint_url``; each
+    overwrites the last). A later attempt seals it and resumes from the sealed copy."""
+    return f"{_attempt_prefix(project_id, job_public_id, attempt_number)}upload/checkpoint.tar"
+
+
+def is_upload_key(key: str) -> bool:
+    """Whether ``key`` is an attempt's upload key: the only kind a PUT URL may name."""
+    return _UPLOAD.fullmatch(key) is not None
+
+
+def sealed_key(upload_key: str) -> str:
+    """Where the bytes uploaded at ``upload_key`` are kept once sealed: no URL writes there."""
+    match = _UPLOAD.fullmatch(upload_key)
+    if match is None:
+        raise ValueError(f"not an upload key: {upload_key!r}")
+    return f"{match['attempt']}sealed/{match['name']}"
+
+
+def seal_marker_key(upload_key: str) -> str:
+    """The empty object whose presence says ``upload_key`` is closed (sealed, or found empty
+    when it was sealed): the transfer route refuses PUTs to it, and nothing is promoted again."""
+    return sealed_key(upload_key) + SEAL_SUFFIX
+
+
+def is_seal_marker(key: str) -> bool:
+    return key.endswith(SEAL_SUFFIX) and "/sealed/" in key

@@ -91,7 +91,20 @@ class LocalBackend:
     def delete(self, key: str) -> None:
         path = self.path(key)
         path.unlink(missing_ok=True)
-        # Drop the folders the object leaves empty, so deleted jobs leave no trace on disk.
+        self._prune(path)
+
+    def move(self, src: str, dst: str) -> None:
+        source, target = self.path(src), self.path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # A rename: atomic, and a reader that opened either file keeps its own bytes.
+            os.replace(source, target)
+        except FileNotFoundError:
+            raise ObjectMissing(src) from None
+        self._prune(source)
+
+    def _prune(self, path: Path) -> None:
+        # Drop the folders an object leaves empty, so deleted jobs leave no trace on disk.
         for parent in path.parents:
             if parent == self.root or not parent.is_relative_to(self.root):
                 break

@@ -126,6 +126,22 @@ class S3Backend:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=key)  # missing is success in S3
 
+    def move(self, src: str, dst: str) -> None:
+        # CopyObject is atomic and server-side (no bytes through here); one request copies up
+        # to 5 GiB, the most any PUT URL accepts (MAX_PUT_BYTES). A PUT to ``src`` landing
+        # between the copy and the delete is deleted with it, never copied.
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.copy_object(
+                Bucket=self.bucket, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _MISSING:
+                raise ObjectMissing(src) from None
+            raise
+        self.delete(src)
+
     # --- reads -----------------------------------------------------------------------------
 
     def read_chunks(self, key: str) -> Iterator[bytes]:

@@ -11,6 +11,10 @@ the expiry and, for PUT, the size cap, the exact size and the sha256 when known.
 the object, honouring a single byte range so an interrupted download can resume. PUT streams the
 body into storage, which renames into place only after every check passed (size, sha256, and a
 ``Content-MD5`` the client sent, as S3 checks it), so a failed upload never replaces anything.
+
+A PUT is accepted for an attempt's upload key only (jobs.storage.keys), and only until that key
+is sealed (409 ``upload_closed`` after): the one thing a stateless token cannot say is "no longer",
+so the seal marker in storage says it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from django.core import signing
@@ -29,11 +33,13 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from jobs.api.errors import error_body
-from jobs.storage import configured
+from jobs.storage import configured, keys
 from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge
 from jobs.storage.grants import METHODS, SALT
 
-_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
+# 19 digits reach 10**19 bytes, beyond any object; longer numbers are refused, not parsed.
+_RANGE_DIGITS = 19
+_RANGE = re.compile(rf"([0-9]{{0,{_RANGE_DIGITS}}})-([0-9]{{0,{_RANGE_DIGITS}}})")
 
 
 class _Refused(Exception):
@@ -110,8 +116,8 @@ def _grant(token: str, *, method: str) -> dict[str, Any]:
 
 def serve(request: HttpRequest, fh: BinaryIO) -> HttpResponseBase:
     """Stream an open file, honouring a single ``Range``: 206 with Content-Range, 416 past the
-    end, the whole file for anything else. The file is open before answering, so a concurrent
-    PUT (a rename) cannot change the bytes this response announced."""
+    end or for a malformed byte range, the whole file without one. The file is open before
+    answering, so a concurrent rename cannot change the bytes this response announced."""
     size = os.fstat(fh.fileno()).st_size
     try:
         span = _byte_range(request.headers.get("Range"), size=size)
@@ -133,23 +139,42 @@ def serve(request: HttpRequest, fh: BinaryIO) -> HttpResponseBase:
 def _byte_range(header: str | None, *, size: int) -> tuple[int, int] | None:
     """The inclusive (first, last) of a single ``bytes=`` range, or None to send everything.
 
-    Malformed and multi-range headers are ignored (RFC 9110 allows answering them with 200).
-    """
-    match = _RANGE.fullmatch(header.strip()) if header else None
-    if match is None or size == 0:
+    A range in another unit is ignored (RFC 9110 says so). A ``bytes`` range that is not one
+    well-formed range (several, reversed, not numbers, or numbers longer than any object could
+    need) is refused with 416 naming the accepted forms: never parsed blindly (int() of 5000
+    digits raises, a 500), never silently answered with the whole object."""
+    if not header:
         return None
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes":
+        return None
+    match = _RANGE.fullmatch(spec.strip())
+    if match is None or match.groups() == ("", ""):
+        raise _malformed(header, size)
     first, last = match.groups()
+    if first and last and int(last) < int(first):
+        raise _malformed(header, size)
+    if size == 0:
+        return None
     if not first:  # bytes=-n: the last n bytes
-        if not last:
-            return None
         if int(last) == 0:
             raise _unsatisfiable(size)
         return max(0, size - int(last)), size - 1
-    if last and int(last) < int(first):
-        return None
     if int(first) >= size:
         raise _unsatisfiable(size)
     return int(first), (min(int(last), size - 1) if last else size - 1)
+
+
+def _malformed(header: str, size: int) -> _Refused:
+    shown = header if len(header) <= 60 else header[:60] + "…"
+    return _Refused(
+        416,
+        "invalid_range",
+        f"Range {shown!r} is not one byte range. Send one of bytes=FIRST-LAST, bytes=FIRST- or "
+        f"bytes=-LENGTH (numbers of at most {_RANGE_DIGITS} digits, LAST not below FIRST), or "
+        f"no Range for the whole object; this one is {size} bytes.",
+        headers={"Content-Range": f"bytes */{size}"},
+    )
 
 
 def _unsatisfiable(size: int) -> _Refused:
@@ -181,6 +206,26 @@ class _Slice:
 
 
 def _put(request: HttpRequest, grant: dict[str, Any], backend: Any) -> JsonResponse:
+    key: str = grant["key"]
+    if not keys.is_upload_key(key):
+        # Signed before uploads moved to upload keys (or by a bug): it may name what ingest
+        # verified, which nothing may overwrite.
+        raise _Refused(
+            403,
+            "transfer_forbidden",
+            "This transfer URL does not accept uploads any more; a new attempt is issued fresh "
+            "URLs.",
+        )
+
+    def closed() -> bool:
+        try:
+            backend.size(keys.seal_marker_key(key))
+        except ObjectMissing:
+            return False
+        return True
+
+    if closed():
+        raise _upload_closed()
     limit: int = grant["max_bytes"]
     raw_length = request.META.get("CONTENT_LENGTH") or ""
     if not raw_length:
@@ -202,7 +247,7 @@ def _put(request: HttpRequest, grant: dict[str, Any], backend: Any) -> JsonRespo
     try:
         stored = backend.save_stream(
             grant["key"],
-            _body(request, declared=declared, md5=md5),
+            _body(request, declared=declared, md5=md5, closed=closed),
             max_bytes=limit,
             expected_sha256=grant.get("sha256"),
         )
@@ -228,8 +273,12 @@ def _content_md5(header: str | None) -> bytes | None:
     return digest
 
 
-def _body(request: HttpRequest, *, declared: int, md5: bytes | None) -> Iterator[bytes]:
-    """The request body in 1 MiB chunks; raising here makes save_stream drop its temp file."""
+def _body(
+    request: HttpRequest, *, declared: int, md5: bytes | None, closed: Callable[[], bool]
+) -> Iterator[bytes]:
+    """The request body in 1 MiB chunks; raising here makes save_stream drop its temp file.
+    ``closed`` is asked again once the body is in: an upload still streaming when its key was
+    sealed is dropped rather than stored (it would never be read, but it is not kept)."""
     received, digest = 0, hashlib.md5(usedforsecurity=False)
     while chunk := request.read(CHUNK_BYTES):
         received += len(chunk)
@@ -250,6 +299,18 @@ def _body(request: HttpRequest, *, declared: int, md5: bytes | None) -> Iterator
             f"The body's MD5 is {digest.hexdigest()} but its Content-MD5 says {md5.hex()}: it "
             "was damaged in transit. Nothing was stored; upload it again.",
         )
+    if closed():
+        raise _upload_closed()
+
+
+def _upload_closed() -> _Refused:
+    return _Refused(
+        409,
+        "upload_closed",
+        "This upload is closed: what was uploaded here has been sealed (taken in at ingest, or "
+        "when a later attempt of the job started), and sealed bytes never change. Nothing was "
+        "stored; a new attempt is issued fresh URLs.",
+    )
 
 
 def _checksum_mismatch(exc: HashMismatch) -> _Refused:

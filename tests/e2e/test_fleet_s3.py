@@ -54,8 +54,11 @@ def test_a_job_trains_with_s3_storage_and_its_adapter_is_verified(
 
     job = TrainingJob.objects.get(public_id=job_id)
     stored = {o.key for o in storage.list_objects(storage.project_prefix(job.project_id))}
-    assert storage.bundle_key(job.project_id, job.public_id, 1) in stored
-    assert storage.checkpoint_key(job.project_id, job.public_id) in stored  # every 5 steps
+    # Ingest sealed the upload: the adapter moved where no URL writes, its upload URL closed.
+    upload = storage.bundle_key(job.project_id, job.public_id, 1)
+    assert storage.sealed_key(upload) in stored and upload not in stored
+    assert storage.seal_marker_key(upload) in stored
+    assert storage.checkpoint_key(job.project_id, job.public_id, 1) in stored  # every 5 steps
     assert job.training_file.storage_key in stored
     # Nothing went through the control plane's own transfer route or local folder.
     assert not (shared_dir / "storage" / "projects" / str(job.project_id)).exists()

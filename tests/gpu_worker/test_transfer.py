@@ -162,6 +162,16 @@ def test_upload_4xx_is_upload_failed(server: Server, tmp_path: Path) -> None:
     assert "zzz" not in info.value.message
 
 
+def test_a_sealed_upload_fails_at_once_saying_so(server: Server, tmp_path: Path) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(b"abc")
+    server.failures["/f"] = [409, 409]
+    with pytest.raises(ExecutorError) as info:
+        transfer.upload(src, f"{server.url}/f?t=zzz")
+    assert "HTTP 409" in info.value.message and "sealed" in info.value.message
+    assert server.failures["/f"] == [409], "a closed upload is not retried"
+
+
 def test_file_urls_both_ways(tmp_path: Path) -> None:
     src = tmp_path / "a b.bin"  # a space: the URL is percent-encoded
     src.write_bytes(BODY)

@@ -32,6 +32,20 @@ def test_verified_bundle_succeeds_the_job_and_downloads_intact(finalizing, api) 
     assert Artifact.objects.filter(job=job).count() == 1
 
 
+def test_ingest_records_the_sealed_copy_not_the_upload(finalizing) -> None:
+    job, attempt, bundle, sha = finalizing
+    upload = storage.bundle_key(job.project_id, job.public_id, attempt.number)
+    _upload(job, attempt, bundle)
+
+    artifact = artifact_ingest(attempt_pk=attempt.pk, reported_sha256=sha)
+
+    assert artifact is not None
+    assert artifact.storage_key == storage.sealed_key(upload) != upload
+    assert not storage.exists(upload), "moved out of reach of the upload URL"
+    assert storage.exists(storage.seal_marker_key(upload)), "the upload URL is closed"
+    assert b"".join(storage.read_chunks(artifact.storage_key)) == bundle
+
+
 def test_flipped_byte_fails_the_job_as_artifact_corrupt_and_serves_nothing(finalizing, api) -> None:
     job, attempt, bundle, sha = finalizing
     corrupted = bytearray(bundle)
@@ -45,8 +59,8 @@ def test_flipped_byte_fails_the_job_as_artifact_corrupt_and_serves_nothing(final
     assert job.error_code == "artifact_corrupt"
     assert "adapter_model.safetensors" in job.error_message
     assert api.get(f"/api/v1/jobs/{job.public_id}/artifacts/").json()["data"] == []
-    # Quarantined: the upload is kept for inspection, but nothing serves it.
-    key = storage.bundle_key(job.project_id, job.public_id, attempt.number)
+    # Quarantined: the upload is kept (sealed) for inspection, but nothing serves it.
+    key = storage.sealed_key(storage.bundle_key(job.project_id, job.public_id, attempt.number))
     assert b"".join(storage.read_chunks(key)) == bytes(corrupted)
     assert not Artifact.objects.filter(job=job, verified=True).exists()
 

@@ -1,6 +1,7 @@
-"""Retention on both backends: the adapter lives as long as its job; checkpoints and unverified
-bundles of finished jobs go (at once after success, after the grace period otherwise); deleted
-jobs lose every object, including ones a late upload puts back."""
+"""Retention on both backends: the adapter and the seal markers live as long as their job;
+every attempt's checkpoints and unverified bundles of finished jobs go (at once after success,
+after the grace period otherwise); deleted jobs lose every object, including ones a late upload
+puts back."""
 
 from __future__ import annotations
 
@@ -25,26 +26,38 @@ def keys(job: TrainingJob) -> set[str]:
 
 
 def leftovers(job: TrainingJob) -> set[str]:
-    """A checkpoint and a failed earlier attempt's (unverified) bundle."""
+    """Two attempts' checkpoints (one sealed, so with its marker) and a failed earlier attempt's
+    (unverified) bundle. Returns the keys it added."""
+    before = keys(job)
+    to_seal = storage.checkpoint_key(job.project_id, job.public_id, 7)
     made = {
-        storage.checkpoint_key(job.project_id, job.public_id),
+        to_seal,
+        storage.checkpoint_key(job.project_id, job.public_id, 8),
         storage.bundle_key(job.project_id, job.public_id, 9),
     }
     for key in made:
         storage.save_stream(key, [b"leftover " + key.encode()])
-    return made
+    assert storage.seal(to_seal) == storage.sealed_key(to_seal)
+    return keys(job) - before
+
+
+def markers(job: TrainingJob) -> set[str]:
+    return {key for key in keys(job) if storage.is_seal_marker(key)}
 
 
 def test_succeeded_job_keeps_only_its_adapter(ingested) -> None:
     job, artifact, bundle = ingested
     leftovers(job)
-    assert len(keys(job)) == 3
+    assert len(markers(job)) == 2  # the adapter's, and attempt 7's checkpoint's
+    assert len(keys(job)) == 2 + 4
 
     report = storage_sweep()
 
-    assert keys(job) == {artifact.storage_key}
+    # The markers stay: the upload URLs they close may still be valid.
+    assert keys(job) == {artifact.storage_key} | markers(job)
+    assert len(markers(job)) == 2
     assert b"".join(storage.read_chunks(artifact.storage_key)) == bundle
-    assert (report.jobs_swept, report.objects_deleted) == (1, 2)
+    assert (report.jobs_swept, report.objects_deleted) == (1, 3)
     job.refresh_from_db()
     assert job.storage_swept_at is not None
     assert storage_sweep().jobs_swept == 0, "a swept job is not looked at again"
@@ -61,8 +74,8 @@ def test_failed_job_keeps_its_checkpoint_for_the_grace_period(make_job, settings
     assert storage_sweep(now=timezone.now() + 2 * DAY).jobs_swept == 0
     assert keys(job) == made, "a retry may still resume from the checkpoint"
 
-    assert storage_sweep(now=timezone.now() + 4 * DAY).objects_deleted == 2
-    assert keys(job) == set()
+    assert storage_sweep(now=timezone.now() + 4 * DAY).objects_deleted == 3
+    assert keys(job) == markers(job) and len(markers(job)) == 1
 
 
 def test_a_retried_job_is_not_swept_and_is_due_again_when_it_ends(make_job, settings, sent) -> None:
@@ -81,7 +94,7 @@ def test_a_retried_job_is_not_swept_and_is_due_again_when_it_ends(make_job, sett
     assert keys(job) == made
 
     job_cancel(job=job)  # finished again, later: due again
-    assert storage_sweep(now=timezone.now() + DAY).objects_deleted == 2
+    assert storage_sweep(now=timezone.now() + DAY).objects_deleted == 3
 
 
 def test_deleting_a_job_removes_all_its_objects_and_late_uploads(
@@ -92,13 +105,13 @@ def test_deleting_a_job_removes_all_its_objects_and_late_uploads(
     with django_capture_on_commit_callbacks(execute=True):
         job_delete(job=job)
     [[deletion_pk]] = sent.named(cc.PURGE_STORAGE)
-    assert len(keys(job)) == 3, "nothing goes before the worker runs the purge"
+    assert len(keys(job)) == 6, "nothing goes before the worker runs the purge"
 
     tasks.purge_storage(deletion_pk)
     assert keys(job) == set()
 
     # A zombie executor finishes its upload afterwards: the next sweep deletes it too.
-    storage.save_stream(storage.checkpoint_key(job.project_id, job.public_id), [b"late"])
+    storage.save_stream(storage.checkpoint_key(job.project_id, job.public_id, 1), [b"late"])
     storage_sweep(now=timezone.now() + DAY)
     assert keys(job) == set()
     assert StorageDeletion.objects.filter(pk=deletion_pk).exists()

@@ -92,7 +92,7 @@ def test_a_failing_source_stores_nothing() -> None:
 
 
 def test_missing_objects() -> None:
-    missing = storage.checkpoint_key(7, "ftjob-none")
+    missing = storage.checkpoint_key(7, "ftjob-none", 1)
     with pytest.raises(storage.ObjectMissing):
         read(missing)
     with pytest.raises(FileNotFoundError):  # ingest catches the builtin
@@ -106,9 +106,12 @@ def test_list_and_delete_prefix_stay_inside_the_prefix() -> None:
     keys = [
         storage.bundle_key(7, "ftjob-one", 1),
         storage.bundle_key(7, "ftjob-one", 2),
-        storage.checkpoint_key(7, "ftjob-one"),
+        storage.checkpoint_key(7, "ftjob-one", 2),
     ]
-    neighbours = [storage.checkpoint_key(7, "ftjob-one2"), storage.training_file_key(7, "file-a")]
+    neighbours = [
+        storage.checkpoint_key(7, "ftjob-one2", 1),
+        storage.training_file_key(7, "file-a"),
+    ]
     for i, key in enumerate(keys + neighbours):
         storage.save_stream(key, [b"x" * i])
     listed = {o.key: o.size for o in storage.list_objects(job)}
@@ -124,6 +127,51 @@ def test_keys_refuse_anything_but_generated_ids() -> None:
     for bad in ["../etc", "ftjob-a/../../b", "ftjob-", "FTJOB-x", "ftjob-a b"]:
         with pytest.raises(ValueError):
             storage.bundle_key(1, bad, 1)
+
+
+# --- sealing ----------------------------------------------------------------------------------
+
+
+def test_seal_moves_the_upload_where_no_url_writes_and_never_again() -> None:
+    sealed = storage.sealed_key(KEY)
+    storage.save_stream(KEY, [b"first upload"])
+
+    assert storage.seal(KEY) == sealed
+    assert read(sealed) == b"first upload"
+    assert not storage.exists(KEY), "moved, not copied"
+    assert storage.exists(storage.seal_marker_key(KEY))
+
+    # A later PUT to the upload key (an S3 presigned URL cannot be revoked) is never promoted.
+    storage.save_stream(KEY, [b"replayed upload"])
+    assert storage.seal(KEY) == sealed
+    assert read(sealed) == b"first upload"
+
+
+def test_sealing_nothing_closes_the_upload_for_good() -> None:
+    assert storage.seal(KEY) is None
+    storage.save_stream(KEY, [b"late upload"])
+    assert storage.seal(KEY) is None
+    assert not storage.exists(storage.sealed_key(KEY))
+
+
+def test_move_of_nothing_is_object_missing() -> None:
+    with pytest.raises(storage.ObjectMissing):
+        storage.backend().move(KEY, storage.sealed_key(KEY))
+
+
+def test_sealed_keys_markers_and_files_never_get_a_put_url() -> None:
+    for key in [
+        storage.sealed_key(KEY),
+        storage.seal_marker_key(KEY),
+        storage.training_file_key(7, "file-a"),
+        storage.job_prefix(7, "ftjob-store") + "a1/adapter.tar",  # where bundles used to live
+    ]:
+        assert not storage.is_upload_key(key)
+        with pytest.raises(ValueError, match="upload key"):
+            storage.transfer_url(key, "PUT", ttl_seconds=60, max_bytes=10)
+        assert storage.transfer_url(key, "GET", ttl_seconds=60)  # reading is fine
+    with pytest.raises(ValueError):
+        storage.sealed_key(storage.sealed_key(KEY))
 
 
 def test_transfer_urls_round_trip_with_the_executor_client(

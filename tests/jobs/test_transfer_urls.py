@@ -9,6 +9,7 @@ import base64
 import hashlib
 import http.client
 import socket
+import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -330,13 +331,27 @@ def test_unsatisfiable_range_is_416(base: str, stored: bytes, spec: str) -> None
     assert resp.headers["Content-Range"] == f"bytes */{len(stored)}"
 
 
-@pytest.mark.parametrize("spec", ["0-1,5-6", "9-3", "abc", "-"])
-def test_multi_and_malformed_ranges_get_the_whole_object(
-    base: str, stored: bytes, spec: str
-) -> None:
+@pytest.mark.parametrize(
+    "spec",
+    ["0-1,5-6", "9-3", "abc", "-", "", "1-2-3", "0x10-", "9" * 5000 + "-", "0-" + "9" * 20],
+    ids=["multi", "reversed", "words", "dash", "empty", "three", "hex", "5000-digits", "20-digits"],
+)
+def test_malformed_and_absurd_ranges_are_a_clear_416(base: str, stored: bytes, spec: str) -> None:
     resp = ranged(get_url(), spec)
-    assert resp.status_code == 200
-    assert resp.content == stored
+    assert (resp.status_code, error_code(resp)) == (416, "invalid_range")
+    assert "bytes=FIRST-LAST" in resp.json()["error"]["message"]
+    assert resp.headers["Content-Range"] == f"bytes */{len(stored)}"
+
+
+@pytest.mark.parametrize("header", ["items=0-5", "none", "BYTES=0-0"])
+def test_other_range_units_are_ignored_and_the_unit_is_case_blind(
+    base: str, stored: bytes, header: str
+) -> None:
+    resp = requests.get(get_url(), headers={"Range": header}, timeout=10)
+    if header.startswith("BYTES"):
+        assert (resp.status_code, resp.content) == (206, stored[:1])
+    else:  # RFC 9110: a range unit the server does not know is ignored
+        assert (resp.status_code, resp.content) == (200, stored)
 
 
 # --- Content-MD5 and pinned sizes, as S3 checks them ------------------------------------------
@@ -377,6 +392,58 @@ def test_a_size_pinned_url_takes_only_that_length(base: str, old_object: bytes) 
     assert str(len(BODY)) in resp.json()["error"]["message"]
     assert current() == old_object
     assert requests.put(url, data=BODY, timeout=10).status_code == 201
+
+
+# --- sealed uploads ---------------------------------------------------------------------------
+
+
+def test_a_put_after_the_seal_is_409_and_stores_nothing(base: str) -> None:
+    url = put_url()
+    assert requests.put(url, data=b"first", timeout=10).status_code == 201
+    sealed = storage.seal(KEY)
+    assert sealed is not None
+
+    resp = requests.put(url, data=BODY, timeout=10)
+
+    assert (resp.status_code, error_code(resp)) == (409, "upload_closed")
+    assert not storage.exists(KEY)
+    assert b"".join(storage.read_chunks(sealed)) == b"first"
+
+
+def test_an_upload_sealed_while_it_streams_is_dropped(base: str) -> None:
+    """The seal lands after the route's first check, while the body streams: the body is read,
+    then refused instead of renamed into place."""
+    url = put_url()
+    folder = storage.backend().path(KEY).parent
+
+    def body():
+        yield BODY[:100]
+        deadline = time.monotonic() + 10
+        # The route checked the seal and opened its temp file: now seal, mid-body.
+        while not any(p.name.startswith(".upload-") for p in folder.glob(".*")):
+            assert time.monotonic() < deadline, "the upload never started"
+            time.sleep(0.01)
+        storage.seal(KEY)
+        yield BODY[100:]
+
+    resp = requests.put(url, data=body(), headers={"Content-Length": str(len(BODY))}, timeout=10)
+    assert (resp.status_code, error_code(resp)) == (409, "upload_closed")
+    assert not storage.exists(KEY) and not storage.exists(storage.sealed_key(KEY))
+    assert no_temp_files()
+
+
+def test_a_put_grant_for_anything_but_an_upload_key_is_refused(base: str, settings) -> None:
+    """A token signed for another key (one issued before uploads moved to upload keys, or a
+    bug) cannot write there: what ingest verified lives at such keys."""
+    from jobs.storage import grants
+    from jobs.storage.base import Transfer
+
+    target = storage.sealed_key(KEY)
+    storage.save_stream(target, [OLD])
+    token_url = grants.sign(Transfer(key=target, method="PUT", ttl_seconds=60, max_bytes=100))
+    resp = requests.put(token_url, data=b"replacement", timeout=10)
+    assert (resp.status_code, error_code(resp)) == (403, "transfer_forbidden")
+    assert b"".join(storage.read_chunks(target)) == OLD
 
 
 def test_transfer_route_is_closed_when_storage_is_s3(base: str, stored: bytes, settings) -> None:
