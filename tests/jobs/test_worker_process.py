@@ -1,6 +1,6 @@
 """End to end through a REAL Celery worker process on the real broker and the test database:
-upload → on_commit → send_task → worker validate_file → the waiting job is queued; and
-executor events sent as ``record_events`` messages are stored once."""
+upload → on_commit → send_task → worker validate_file → the waiting job is queued. (Executor
+events no longer travel through the broker: test_node_client.py posts them over real HTTP.)"""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
-from jobs.models import JobEvent, TrainingFile, TrainingJob
+from jobs.models import JobAttempt, JobEvent, TrainingFile, TrainingJob
 from jobs.services.attempts import attempt_start
 from tests._processes import database_url, quiesce
 from tests.jobs._api import upload
@@ -105,10 +107,10 @@ def shared_storage(worker, settings) -> None:
     settings.TRAINHUB_STORAGE_DIR = worker.storage  # the worker reads what the API stored
 
 
-def _send_events(job: TrainingJob, attempt: int, events: list[dict]) -> None:
+def _send_expire_leases() -> None:
     from trainhub.celery import app
 
-    app.send_task(cc.RECORD_EVENTS, args=[job.public_id, attempt, events])
+    app.send_task(cc.EXPIRE_LEASES)
 
 
 class RowLock:
@@ -143,13 +145,17 @@ class RowLock:
 def test_job_waiting_for_validation_is_queued_by_the_worker(
     worker, shared_storage, api, make_job, demo_dataset
 ) -> None:
-    # The worker takes one message at a time, in order: an events message for a job whose row
-    # we hold locked keeps it busy, so the upload's validation surely runs after the job exists.
+    # The worker takes one message at a time, in order: ending an expired attempt of a job whose
+    # row we hold locked keeps it busy, so the upload's validation surely runs after the job
+    # exists.
     blocker = make_job()
-    attempt_start(job=blocker, target="local")
+    stuck = attempt_start(job=blocker, target="local")
+    JobAttempt.objects.filter(pk=stuck.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
 
     with RowLock(blocker.pk):
-        _send_events(blocker, 1, [{"seq": 0, "type": "status", "data": {"status": "running"}}])
+        _send_expire_leases()
         uploaded = upload(api, demo_dataset)
         assert uploaded.status_code == 201, uploaded.content
         file_id = uploaded.json()["id"]
@@ -169,7 +175,7 @@ def test_job_waiting_for_validation_is_queued_by_the_worker(
 
     record = TrainingFile.objects.get(public_id=file_id)
     assert record.status == "processed" and record.example_count > 0
-    assert TrainingJob.objects.get(pk=blocker.pk).status == "running"
+    assert JobAttempt.objects.get(pk=stuck.pk).end_reason == "lease_expired", "ran first"
     statuses = list(
         JobEvent.objects.filter(job=job, type="status")
         .order_by("number")
@@ -177,33 +183,3 @@ def test_job_waiting_for_validation_is_queued_by_the_worker(
     )
     assert statuses == ["validating_files", "queued"]
     assert api.get(f"/api/v1/jobs/{job.public_id}/").json()["status"] == "queued"
-
-
-def test_record_events_messages_are_stored_once(worker, shared_storage, make_job) -> None:
-    # Storing the file also sends its validation to the worker: with its own storage folder
-    # it would find no bytes and could mark the file invalid before the job is created.
-    job = make_job()
-    attempt_start(job=job, target="local")
-    batch = [
-        {"seq": 0, "type": "status", "message": "training", "data": {"status": "running"}},
-        {"seq": 1, "type": "metrics", "data": {"step": 1, "total_steps": 4, "loss": 2.25}},
-        {"seq": 2, "type": "log", "message": "step 1/4"},
-    ]
-    _send_events(job, 1, batch)
-    _send_events(job, 1, batch)  # a re-sent batch
-    _send_events(job, 7, [{"seq": 9, "type": "log", "message": "outdated attempt"}])
-    _send_events(job, 1, [*batch[1:], {"seq": 3, "type": "log", "message": "step 2/4"}])
-
-    # One message at a time, in order: once the last batch is in, every earlier one was handled.
-    worker.wait_for(
-        "the last batch to be stored",
-        lambda: JobEvent.objects.filter(job=job, attempt=1, seq=3).exists(),
-    )
-    stored = list(
-        JobEvent.objects.filter(job=job, attempt=1).order_by("number").values_list("seq", flat=True)
-    )
-    assert stored == [0, 1, 2, 3]
-    assert not JobEvent.objects.filter(job=job, attempt=7).exists()
-    job.refresh_from_db()
-    assert job.status == "running"
-    assert job.latest_metrics == {"step": 1, "total_steps": 4, "loss": 2.25}
