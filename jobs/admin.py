@@ -271,12 +271,14 @@ class ProjectAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    """Keys are created with `manage.py create_api_key`; only the prefix is ever shown."""
+    """Keys are created with `manage.py create_api_key`; only the prefix is ever shown.
+    Revocation is one-way and goes through the service (the action): ``revoked_at`` is never
+    editable, so no form can clear it (a leaked key stays dead) nor back-date it."""
 
     list_display = ("name", "prefix", "user", "project", "created_at", "last_used_at", "revoked_at")
     list_filter = ("project",)
     fields = ("name", "prefix", "user", "project", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("prefix", "user", "project", "created_at", "last_used_at")
+    readonly_fields = ("prefix", "user", "project", "created_at", "last_used_at", "revoked_at")
     actions = ["revoke"]
 
     @admin.action(description="Revoke selected keys")

@@ -1,11 +1,16 @@
-"""Bearer API keys, and which project a request acts in."""
+"""Bearer API keys, which project a request acts in, and how often a key may call."""
 
 from __future__ import annotations
 
+import time
+
+from django.conf import settings
 from django.contrib.auth.models import User
-from rest_framework import authentication, exceptions
+from django.core.exceptions import ImproperlyConfigured
+from rest_framework import authentication, exceptions, throttling
 from rest_framework.request import Request
 
+from jobs.locks import redis_client
 from jobs.models import ApiKey, Project
 from jobs.services.projects import api_key_authenticate, project_default_for_user
 
@@ -45,3 +50,60 @@ def request_project(request: Request) -> Project:
     if isinstance(request.auth, ApiKey):
         return request.auth.project
     return project_default_for_user(user=request_user(request))
+
+
+class ApiRateThrottle(throttling.BaseThrottle):
+    """At most ``TRAINHUB_API_RATE_LIMIT`` requests ("<n>/<second|minute|hour|day>", or "off")
+    per API key, or per user for a browser session, counted in a fixed window in Redis so every
+    web worker shares the count. Over it: 429 with Retry-After (errors.exception_handler).
+    Requests without a user (webhooks, GPU nodes) are left to their own checks."""
+
+    def __init__(self) -> None:
+        self._wait = 0.0
+
+    def allow_request(self, request: Request, view: object) -> bool:
+        limit = rate_limit()
+        who = _rate_subject(request)
+        if limit is None or who is None:
+            return True
+        count, window = limit
+        now = time.time()
+        start = int(now // window) * window
+        key = f"trainhub:throttle:{who}:{window}:{start}"
+        pipe = redis_client().pipeline()
+        pipe.incr(key)
+        pipe.expire(key, window + 1)
+        used = int(pipe.execute()[0])
+        if used <= count:
+            return True
+        self._wait = start + window - now
+        return False
+
+    def wait(self) -> float:
+        return self._wait
+
+
+_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def rate_limit() -> tuple[int, int] | None:
+    """The API rate from settings as (requests, window seconds); None when it is off."""
+    raw = str(settings.TRAINHUB_API_RATE_LIMIT).strip().lower()
+    if raw == "off":
+        return None
+    count, _, period = raw.partition("/")
+    if not count.isdigit() or not period or period[0] not in _PERIODS:
+        raise ImproperlyConfigured(
+            f"TRAINHUB_API_RATE_LIMIT={raw!r}: write <requests>/<second|minute|hour|day>, "
+            "e.g. 1200/minute, or off."
+        )
+    return int(count), _PERIODS[period[0]]
+
+
+def _rate_subject(request: Request) -> str | None:
+    if isinstance(request.auth, ApiKey):
+        return f"key:{request.auth.pk}"
+    user = getattr(request, "user", None)
+    if isinstance(user, User):
+        return f"user:{user.pk}"
+    return None

@@ -16,6 +16,31 @@ from jobs.models import (
     TrainingFile,
     TrainingJob,
 )
+from jobs.states import WaitCode
+
+# Why a job waits, as its project may read it. The dispatcher words a wait on the own fleet
+# with node names and states (for operators: admin, node API), which would tell every tenant
+# the operator's fleet and what it runs, so those two kinds are told by kind only. The others
+# name no node (placement's speak of the project's own cloud offers) and are shown as written.
+# Matched on the dispatcher's wording; a reason matching none of these is shown generically,
+# so a new wording can make the message vaguer, never leak.
+TENANT_WAITING = {
+    WaitCode.NODES_BUSY: "Waiting for a node: every GPU node that fits this job is busy.",
+    WaitCode.NO_NODE_FITS: (
+        "No online node fits this job: no online GPU node meets its gpu needs and node_selector."
+    ),
+}
+_NODE_WAITS = {  # the dispatcher's wording of the waits above
+    "Waiting for a node: every node that fits is busy": WaitCode.NODES_BUSY,
+    "No online node fits this job:": WaitCode.NO_NODE_FITS,
+}
+_SHOWN_AS_WRITTEN = (
+    "Waiting for a node: no GPU node is registered.",  # WaitCode.NO_NODE_REGISTERED
+    "Waiting for a node: every GPU node is offline.",  # WaitCode.NODES_OFFLINE
+    "No offer can take this job now:",  # WaitCode.NO_OFFER (placement)
+    "No idle GPU node fits and no cloud offer can take this job now:",  # NO_OFFER for auto
+)
+WAITING_GENERIC = "Waiting for a GPU node or a cloud offer that can take this job."
 
 
 def ts(value: datetime | None) -> int | None:
@@ -48,6 +73,21 @@ def file_json(f: TrainingFile) -> dict[str, Any]:
     }
 
 
+def tenant_waiting_reason(reason: str, code: str | None = None) -> str:
+    """``reason`` (a job's waiting_reason or a waiting event's message, ``code`` that event's
+    WaitCode) as the job's project may read it: without the operator's node names."""
+    if not reason:
+        return ""
+    if code in TENANT_WAITING:
+        return TENANT_WAITING[WaitCode(code)]
+    for prefix, kind in _NODE_WAITS.items():
+        if reason.startswith(prefix):
+            return TENANT_WAITING[kind]
+    if reason.startswith(_SHOWN_AS_WRITTEN):
+        return reason
+    return WAITING_GENERIC
+
+
 def job_json(j: TrainingJob) -> dict[str, Any]:
     return {
         "id": j.public_id,
@@ -74,7 +114,9 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "max_price_per_hour": usd(j.max_price_per_hour),
         "estimated_cost": usd(j.estimated_cost),
         "cost": usd(j.cost),
-        "waiting_reason": (j.waiting_reason or None) if j.status == "queued" else None,
+        "waiting_reason": (tenant_waiting_reason(j.waiting_reason) or None)
+        if j.status == "queued"
+        else None,
         "trained_tokens": j.trained_tokens,
         "metrics": j.latest_metrics or None,
         "error": {"code": j.error_code, "message": j.error_message, "param": None}
@@ -84,13 +126,17 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
 
 
 def event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
+    message = e.message
+    waiting = e.data.get("waiting") if isinstance(e.data, dict) else None
+    if waiting is not None:  # a waiting event: told as the job's waiting_reason is
+        message = tenant_waiting_reason(message, str(waiting))
     return {
         "id": event_id(job_public_id, e.number),
         "object": "fine_tuning.job.event",
         "created_at": ts(e.created_at),
         "level": e.level,
         "type": e.type,
-        "message": e.message,
+        "message": message,
         "data": e.data,
         "attempt": e.attempt,
     }

@@ -1,8 +1,10 @@
 """Provider webhooks: a provider calls these when an attempt's job ends.
 
-The URL carries a signed attempt id (``services.webhooks.webhook_url``), so no API key is needed, and the
-body is treated as a hint only: the attempt is polled at once through the provider's API, so a
-forged or replayed body cannot move a job.
+The URL carries a signed attempt id and its issue time (``services.webhooks.webhook_url``), so
+no API key is needed, and the body is treated as a hint only: the attempt is polled at once
+through the provider's API, so a forged or replayed body cannot move a job. An expired URL is
+refused (403); calls for an attempt that has ended, or repeated within a few seconds, are
+answered without a poll.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.errors import NotFound
 from jobs.services import messages, webhooks
 
 
@@ -24,7 +25,6 @@ class ProviderWebhookView(APIView):
     @extend_schema(exclude=True)
     def post(self, request: Request, token: str) -> Response:
         attempt_pk = webhooks.webhook_attempt(token)
-        if attempt_pk is None:
-            raise NotFound("No such webhook.", code="not_found")
-        messages.send_poll_attempt(attempt_pk)
+        if attempt_pk is not None and webhooks.webhook_poll_due(attempt_pk):
+            messages.send_poll_attempt(attempt_pk)
         return Response({"received": True})

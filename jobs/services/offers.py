@@ -2,7 +2,10 @@
 
 Offers are fetched with the project's key and cached in Redis for ``OFFERS_TTL_SECONDS``
 (shared by every process: the API and each placement pass would otherwise call the provider
-each time); the cache key holds a hash of the key, never the key. An offer a provider refused
+each time); the cache key holds a hash of the key, never the key. The provider is asked one
+question per machine shape (``provider_question``), never the client's exact filter, so varying
+a GPU name or a VRAM figure costs no provider call: callers filter the cached list (every one
+checks ``offer_misfit`` against the exact needs). An offer a provider refused
 (no capacity, gone, billed over the cap) is remembered for ``REFUSED_TTL_SECONDS`` so placement
 tries another instead of the same one again.
 """
@@ -36,33 +39,53 @@ OFFERS_TTL_SECONDS = 30
 VERIFY_TTL_SECONDS = 60
 REFUSED_TTL_SECONDS = 600
 _PREFIX = "trainhub:offers"
+# VRAM classes the provider is asked about (GB per GPU): a need is rounded down to one, so the
+# answer holds every offer that may fit. Vast filters memory before its 64-offer limit, so an
+# 80 GB need must not be answered from the cheapest small cards; a class per common card size
+# keeps that while bounding the questions per account.
+VRAM_CLASSES_GB = (8, 12, 16, 24, 32, 40, 48, 80, 141)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _account(secrets: Mapping[str, str]) -> str:
+def provider_account(secrets: Mapping[str, str]) -> str:
     """Which provider account calls with ``secrets`` go to, as a hash (the cache is per
-    account: two projects sharing the operator's key see the same offers)."""
+    account: two projects sharing the operator's key see the same offers; the reconciler
+    tells whose machines it lists by it)."""
     return hashlib.sha256(json.dumps(dict(secrets), sort_keys=True).encode()).hexdigest()[:20]
+
+
+def provider_question(gpu: Mapping[str, Any]) -> dict[str, Any]:
+    """What the provider is asked for ``gpu`` needs: the machine's GPU count (providers sell and
+    price fixed counts; 0 asks as 1, as every adapter does) and the VRAM class below the need.
+    The GPU name is left out: adapters only ever filtered it on their side of the answer."""
+    question: dict[str, Any] = {"count": max(1, int(gpu.get("count") or 0))}
+    vram = gpu.get("min_vram_gb")
+    below = [c for c in VRAM_CLASSES_GB if vram and c <= float(vram)]
+    if below:
+        question["min_vram_gb"] = below[-1]
+    return question
 
 
 def target_offers(
     *, project: Project, target: registry.Target, gpu: Mapping[str, Any]
 ) -> list[Offer]:
-    """The target's offers for these GPU needs (cached). Raises ProviderError when the provider
+    """The target's offers for the machine shape of these GPU needs (cached; the caller checks
+    each against the exact needs with ``offer_misfit``). Raises ProviderError when the provider
     cannot say, MissingCredentials when the project has no key for it."""
     if not target.has_offers:
         return []
     secrets = target_secrets(target, project)
-    needs = json.dumps(dict(gpu), sort_keys=True)
-    key = f"{_PREFIX}:{target.name}:{_account(secrets)}:{needs}"
+    question = provider_question(gpu)
+    shape = json.dumps(question, sort_keys=True)
+    key = f"{_PREFIX}:{target.name}:{provider_account(secrets)}:{shape}"
     cached = redis_client().get(key)
     if cached is not None:
         return [Offer(**o) for o in json.loads(cached)]
     adapter: Any = adapter_for(target, project, secrets)
-    offers = list(adapter.offers(gpu))
+    offers = list(adapter.offers(question))
     payload = json.dumps([dataclasses.asdict(o) for o in offers])
     redis_client().set(key, payload, ex=OFFERS_TTL_SECONDS)
     return offers
@@ -98,7 +121,7 @@ def credential_check(*, project: Project, target: registry.Target) -> str | None
         secrets = target_secrets(target, project)
     except MissingCredentials:
         return None
-    key = f"{_PREFIX}:verified:{target.name}:{_account(secrets)}"
+    key = f"{_PREFIX}:verified:{target.name}:{provider_account(secrets)}"
     cached = redis_client().get(key)
     if cached is not None:
         return _text(cached)

@@ -1,5 +1,10 @@
 """The leak reconciler: terminate every machine of ours (``trainhub-<job>-a<n>``) that no live
-attempt owns, so no rented GPU keeps billing after its attempt ends."""
+attempt owns, so no rented GPU keeps billing after its attempt ends.
+
+A machine's name is chosen by whoever holds the account it runs in: a project with its own key
+can name a machine after another project's job. So a job hears about a machine only when the
+machine was listed under the provider account that job's project uses; any other is terminated
+in its own account and logged, and no job is touched."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from django.conf import settings
 from jobs.models import JobAttempt, Project, TrainingJob
 from jobs.services.attempts import parse_machine_name
 from jobs.services.events import event_append
-from jobs.services.targets import MissingCredentials, adapter_for
+from jobs.services.offers import provider_account
+from jobs.services.targets import MissingCredentials, adapter_for, target_secrets
 from providers import registry
 from providers.base import Handle, ProviderAdapter
 from providers.errors import ProviderError
@@ -27,13 +33,15 @@ def providers_reconcile() -> int:
             continue  # nothing can have been launched on it as configured
         for project in _projects_with_credentials(target):
             try:
-                adapter = adapter_for(target, project)
+                secrets = target_secrets(target, project)
+                adapter = adapter_for(target, project, secrets)
                 machines = adapter.list_instances()
             except (MissingCredentials, ProviderError) as exc:
                 log.warning("reconcile of %s for %s skipped: %s", target.name, project.slug, exc)
                 continue
+            account = provider_account(secrets)
             for handle in machines:
-                terminated += _reconcile_machine(target, adapter, handle)
+                terminated += _reconcile_machine(target, adapter, handle, account)
     return terminated
 
 
@@ -51,9 +59,14 @@ def _projects_with_credentials(target: registry.Target) -> list[Project]:
     return projects
 
 
-def _reconcile_machine(target: registry.Target, adapter: ProviderAdapter, handle: Handle) -> int:
+def _reconcile_machine(
+    target: registry.Target, adapter: ProviderAdapter, handle: Handle, account: str
+) -> int:
+    """Terminate ``handle`` (listed under ``account``) unless a live attempt owns it; 1 if it
+    was terminated. Which machine to spare goes by instance id (the provider's, so a tenant
+    cannot choose it); which job to tell goes by account too (the name is the tenant's)."""
     owner = (
-        JobAttempt.objects.select_related("job")
+        JobAttempt.objects.select_related("job__project")
         .filter(target=target.name, provider_instance_id=handle.instance_id)
         .first()
     )
@@ -75,6 +88,13 @@ def _reconcile_machine(target: registry.Target, adapter: ProviderAdapter, handle
         "reconciler terminated %s %s (%s): %s", target.name, handle.instance_id, handle.name, reason
     )
     job = owner.job if owner is not None else _job_of(handle.name)
+    if job is not None and not _uses_account(target, job, account):
+        log.warning(
+            "reconciler: %s is not told about %s machine %s (%s): its project is not on the "
+            "account the machine was listed under",
+            job.public_id, target.name, handle.instance_id, handle.name,
+        )  # fmt: skip
+        job = None
     if job is not None:
         event_append(
             job=job,
@@ -85,6 +105,14 @@ def _reconcile_machine(target: registry.Target, adapter: ProviderAdapter, handle
             data={"instance": handle.instance_id, "reason": reason},
         )
     return 1
+
+
+def _uses_account(target: registry.Target, job: TrainingJob, account: str) -> bool:
+    """Whether ``job``'s project calls ``target`` with the key of ``account`` now."""
+    try:
+        return provider_account(target_secrets(target, job.project)) == account
+    except MissingCredentials:
+        return False  # the project has no key for it any more: the machine is not its
 
 
 def _launch_in_flight(name: str) -> bool:
@@ -101,4 +129,6 @@ def _launch_in_flight(name: str) -> bool:
 
 def _job_of(name: str) -> TrainingJob | None:
     parsed = parse_machine_name(name)
-    return TrainingJob.objects.filter(public_id=parsed[0]).first() if parsed else None
+    if parsed is None:
+        return None
+    return TrainingJob.objects.select_related("project").filter(public_id=parsed[0]).first()

@@ -1,12 +1,22 @@
-"""Django admin: pages render for an operator, secrets never show, actions go through services."""
+"""Django admin: pages render for an operator, secrets never show, actions go through services,
+and revocation is one-way."""
 
 from __future__ import annotations
 
 import pytest
-from django.test import Client
+from django.apps import apps
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.db.models import Model
+from django.test import Client, RequestFactory
 
 from jobs.models import ApiKey, JobEvent, ProviderCredential, TrainingJob
-from jobs.services.projects import api_key_authenticate, api_key_create, credential_create
+from jobs.services.projects import (
+    api_key_authenticate,
+    api_key_create,
+    api_key_revoke,
+    credential_create,
+)
 from tests.factories import ArtifactFactory, StorageDeletionFactory
 
 SECRET = "rk_secret_for_admin"
@@ -170,3 +180,69 @@ def test_non_staff_is_sent_to_login(user, objects) -> None:
     assert response.status_code == 302
     assert "/admin/login/" in response["Location"]
     assert TrainingJob.objects.count() == 2
+
+
+def test_a_revoked_key_stays_revoked_whatever_the_form_says(admin_client, objects) -> None:
+    key, raw = objects["key"], objects["raw"]
+    api_key_revoke(key=key)
+    revoked_at = ApiKey.objects.get(pk=key.pk).revoked_at
+    page = _page(admin_client, f"/admin/jobs/apikey/{key.pk}/change/")
+    assert 'name="revoked_at' not in page  # shown, not editable
+
+    response = admin_client.post(
+        f"/admin/jobs/apikey/{key.pk}/change/",
+        {"name": "renamed", "revoked_at_0": "", "revoked_at_1": "", "_save": "Save"},
+    )
+    assert response.status_code == 302
+    stored = ApiKey.objects.get(pk=key.pk)
+    assert (stored.name, stored.revoked_at) == ("renamed", revoked_at)
+    assert api_key_authenticate(raw=raw) is None
+
+
+def test_a_live_key_cannot_be_revoked_or_backdated_through_the_form(admin_client, objects) -> None:
+    key = objects["key"]
+    admin_client.post(
+        f"/admin/jobs/apikey/{key.pk}/change/",
+        {"name": "laptop", "revoked_at_0": "2020-01-01", "revoked_at_1": "00:00:00"},
+    )
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is None  # the action revokes, via the service
+    admin_client.post(
+        "/admin/jobs/apikey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True
+    )
+    assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
+
+
+def _secret_fields() -> dict[type[Model], set[str]]:
+    """Per jobs model, the fields holding a secret or what verifies one (a token's hash)."""
+    return {
+        model: names
+        for model in apps.get_app_config("jobs").get_models()
+        if (
+            names := {
+                f.name
+                for f in model._meta.get_fields()
+                if f.name.endswith(("_ciphertext", "token_sha256", "key_sha256"))
+            }
+        )
+    }
+
+
+def test_no_admin_page_shows_a_secret_field(admin_client, objects) -> None:
+    """Every field holding a secret or a secret's hash, on every model, today's and any added
+    later: not in any admin's list, form or inline."""
+    request = RequestFactory().get("/admin/")
+    request.user = User.objects.get(username="root")
+    secret = _secret_fields()
+    assert {m.__name__ for m in secret} >= {"ApiKey", "ProviderCredential", "GpuNode", "JobAttempt"}
+    shown: list[str] = []
+    for model, model_admin in admin.site._registry.items():
+        obj = model._default_manager.first()
+        views = [(model, model_admin, obj)]
+        for inline in model_admin.get_inline_instances(request, obj):
+            views.append((inline.model, inline, None))
+        for each, view, instance in views:
+            fields = set(view.get_fields(request, instance))
+            if hasattr(view, "list_display"):
+                fields |= set(view.list_display)
+            shown += [f"{view}: {f}" for f in fields & secret.get(each, set())]
+    assert shown == []

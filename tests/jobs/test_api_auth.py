@@ -1,4 +1,5 @@
-"""Authentication: bearer keys (hashed at rest), revocation, the key command, sessions, scoping."""
+"""Authentication: bearer keys (hashed at rest), revocation, the key command, sessions, scoping,
+and the rate limit per key (per user for a session)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from jobs.api.auth import rate_limit as parsed_rate_limit
+from jobs.locks import redis_client
 from jobs.models import ApiKey, ProjectMembership, TrainingJob
 from jobs.services.projects import (
     api_key_create,
@@ -228,3 +231,64 @@ def test_session_of_user_without_project_gets_one(make_user) -> None:
     client.force_login(carol)
     assert assert_list(client.get(JOBS)) == []
     assert project_default_for_user(user=carol).memberships.filter(user=carol).exists()
+
+
+# --- throttling (the attack across real gunicorn workers: tests/security/test_operations.py) ---
+
+
+@pytest.fixture
+def rate_limit(settings) -> str:
+    settings.TRAINHUB_API_RATE_LIMIT = "3/hour"  # an hour-long window: a test never straddles two
+    for key in redis_client().scan_iter("trainhub:throttle:*"):  # ids restart with the test db
+        redis_client().delete(key)
+    return settings.TRAINHUB_API_RATE_LIMIT
+
+
+def test_a_key_over_its_rate_is_429_in_the_error_shape_with_retry_after(
+    user, rate_limit, make_job
+) -> None:
+    job = make_job()
+    _, raw = api_key_create(user=user, name="busy")
+    client = _client(raw)
+    assert [client.get(JOBS).status_code for _ in range(3)] == [200, 200, 200]
+
+    response = client.post(f"{JOBS}{job.public_id}/cancel/")
+    error = assert_error(response, 429, param=None, code="rate_limited")
+    assert error["type"] == "rate_limit_error"
+    assert error["message"].startswith("Too many requests: at most 3/hour per API key")
+    assert 0 < int(response["Retry-After"]) <= 3600
+    assert TrainingJob.objects.get(pk=job.pk).status == "queued", "the refused cancel did nothing"
+
+    _, fresh_raw = api_key_create(user=user, name="other")
+    assert _client(fresh_raw).get(JOBS).status_code == 200, "counted per key"
+
+
+def test_a_browser_session_is_counted_per_user(user, make_user, rate_limit) -> None:
+    mine, theirs = APIClient(), APIClient()
+    mine.force_login(user)
+    theirs.force_login(make_user("bob"))
+    assert [mine.get(JOBS).status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert theirs.get(JOBS).status_code == 200
+
+
+def test_unauthenticated_requests_are_refused_before_they_count(user, rate_limit) -> None:
+    for _ in range(5):
+        assert_error(APIClient().get(JOBS), 401)
+    assert list(redis_client().scan_iter("trainhub:throttle:*")) == []
+
+
+def test_the_rate_limit_can_be_turned_off(user, settings) -> None:
+    settings.TRAINHUB_API_RATE_LIMIT = "off"
+    _, raw = api_key_create(user=user, name="bench")
+    client = _client(raw)
+    assert {client.get(JOBS).status_code for _ in range(10)} == {200}
+    assert parsed_rate_limit() is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [("1200/minute", (1200, 60)), ("5/s", (5, 1)), ("10/hour", (10, 3600)), ("1/day", (1, 86400))],
+)
+def test_rates_are_requests_per_window(settings, raw, parsed) -> None:
+    settings.TRAINHUB_API_RATE_LIMIT = raw
+    assert parsed_rate_limit() == parsed

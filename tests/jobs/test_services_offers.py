@@ -269,3 +269,41 @@ def test_a_provider_error_is_unavailable_naming_the_provider_not_the_key(
     assert info.value.message == (
         "priced-cloud did not answer for its offers: priced-cloud POST /bundles/ returned HTTP 503"
     )
+
+
+# --- the question the provider is asked -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpu", "question"),
+    [
+        ({}, {"count": 1}),
+        ({"count": 0}, {"count": 1}),
+        ({"count": 8, "name": "*H100*"}, {"count": 8}),
+        ({"count": 1, "min_vram_gb": 7.9}, {"count": 1}),
+        ({"count": 1, "min_vram_gb": 24}, {"count": 1, "min_vram_gb": 24}),
+        ({"count": 1, "min_vram_gb": 31.99}, {"count": 1, "min_vram_gb": 24}),
+        ({"count": 2, "min_vram_gb": 70}, {"count": 2, "min_vram_gb": 48}),
+        ({"count": 1, "min_vram_gb": 4096}, {"count": 1, "min_vram_gb": 141}),
+    ],
+)
+def test_the_provider_is_asked_about_the_machine_shape_only(gpu, question) -> None:
+    assert offers.provider_question(gpu) == question
+
+
+def test_gpu_names_and_vram_within_a_class_share_one_provider_call(priced) -> None:
+    project = keyed_project()
+    for name in ("*4090*", "*3090*", "*H100*", "no-such-gpu"):
+        for vram in (24, 30, 31.5):
+            offers.target_offers(
+                project=project,
+                target=target(),
+                gpu={"count": 1, "name": name, "min_vram_gb": vram},
+            )
+    assert priced.offer_queries == [{"count": 1, "min_vram_gb": 24}]
+    assert len(offer_keys()) == 1
+
+    found = offers.offers_for(
+        project=project, target_name="priced-cloud", gpu={"count": 1, "name": "*3090*"}
+    )
+    assert [o.offer_id for o in found] == ["a-3090"], "the exact needs filter the cached list"
