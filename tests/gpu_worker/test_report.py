@@ -1,33 +1,33 @@
 """The executor's reporter: numbering, throttling, batching, per-sink retry, and the three sinks
-against what they talk to (real Redis for Celery, a real file, the RunPod SDK's own function)."""
+against what they talk to (a real HTTP server on loopback for the node's http sink, a real file,
+the RunPod SDK's own function)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
-from gpu_worker import celery_conf
 from gpu_worker.outcomes import Outcome
 from gpu_worker.report import (
     BATCH_SIZE,
-    CelerySink,
+    HttpSink,
     JsonlSink,
     MemorySink,
     Reporter,
     RunpodSink,
 )
+from gpu_worker.sinks import HTTP_BATCH
 from gpu_worker.spec import parse_job_spec
+from tests.gpu_worker._control import ControlPlane, control_fixture  # noqa: F401 - ``control``
 
-BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/1")
+EVENTS = "/api/v1/nodes/node-a/attempts/ftjob-test/2/events/"
 EVENT_KEYS = {"seq", "type", "level", "message", "data", "ts"}
 
 
@@ -389,61 +389,85 @@ def test_runpod_sink_sends_a_rolling_window(monkeypatch: pytest.MonkeyPatch) -> 
     assert [e["seq"] for e in sink.window()] == [2, 3, 4, 5, 6]
 
 
-@pytest.fixture
-def queue_name() -> Iterator[str]:
-    import redis
-
-    name = f"test-report-{uuid.uuid4().hex[:8]}"
-    yield name
-    client = redis.Redis.from_url(BROKER_URL)
-    keys = [k for k in client.scan_iter(match=f"*{name}*")]
-    if keys:
-        client.delete(*keys)
-    client.close()
+# --- the http sink (GPU nodes) ----------------------------------------------------------------
 
 
-def test_celery_sink_publishes_record_events_to_the_real_broker(queue_name: str) -> None:
-    import kombu
-
-    rep = make_reporter(CelerySink(BROKER_URL, queue=queue_name), metrics_interval=0)
+def test_http_sink_posts_each_batch_with_the_report_token(control: ControlPlane) -> None:
+    control.answer(EVENTS, (200, {"stored": 1}))
+    sink = HttpSink(control.url + EVENTS, "rt-secret")
+    rep = make_reporter(sink, metrics_interval=0)
     rep.status(Outcome.RUNNING, "Training started.")
     rep.metrics(step=1, loss=2.0)
     rep.close()
 
-    received: list[tuple[dict[str, Any], Any]] = []
-    with kombu.Connection(BROKER_URL) as conn:
-        queue = conn.SimpleQueue(queue_name)
-        try:
-            for _ in range(2):
-                message = queue.get(timeout=5)
-                received.append((message.headers, message.decode()))
-                message.ack()
-        finally:
-            queue.close()
-
-    assert [h["task"] for h, _ in received] == [celery_conf.RECORD_EVENTS] * 2
-    (args0, kwargs0, _), (args1, _, _) = received[0][1], received[1][1]
-    assert kwargs0 == {}
-    assert args0[:2] == ["ftjob-test", 2]
-    assert [e["type"] for e in args0[2]] == ["status"]
-    assert [e["seq"] for e in args1[2]] == [1]  # close sent the metrics event
-    assert args1[2][0]["data"] == {"step": 1, "loss": 2.0}
+    first, second = control.to(EVENTS)
+    assert first.headers["Authorization"] == "Bearer rt-secret"
+    assert first.headers["Content-Type"] == "application/json"
+    assert set(first.body) == {"events"}
+    assert [(e["seq"], e["type"]) for e in first.body["events"]] == [(0, "status")]
+    assert [e["seq"] for e in second.body["events"]] == [1]  # close sent the metrics event
+    assert second.body["events"][0]["data"] == {"step": 1, "loss": 2.0}
+    assert "rt-secret" not in repr(sink)
 
 
-def test_celery_sink_takes_the_broker_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
-    with pytest.raises(ValueError, match="CELERY_BROKER_URL"):
-        CelerySink()
-    monkeypatch.setenv("CELERY_BROKER_URL", "redis://:s3cret@127.0.0.1:1/0")
-    sink = CelerySink()
-    assert sink.queue == celery_conf.DEFAULT_QUEUE
-    assert "s3cret" not in repr(sink)
+def test_http_sink_sends_a_backlog_in_parts_the_control_plane_stores_whole(
+    control: ControlPlane,
+) -> None:
+    control.answer(EVENTS, (200, {"stored": 1}))
+    events = [{"seq": i, "type": "log", "message": f"l{i}"} for i in range(2 * HTTP_BATCH + 1)]
+
+    HttpSink(control.url + EVENTS, "rt").send("ftjob-test", 2, events)
+
+    sizes = [len(r.body["events"]) for r in control.to(EVENTS)]
+    assert sizes == [HTTP_BATCH, HTTP_BATCH, 1]
+    assert [e["seq"] for r in control.to(EVENTS) for e in r.body["events"]] == list(
+        range(2 * HTTP_BATCH + 1)
+    )
 
 
-def test_a_dead_broker_raises_fast_and_the_events_stay_queued(queue_name: str) -> None:
-    dead = CelerySink("redis://127.0.0.1:1/0", queue=queue_name)
+def test_http_sink_takes_its_url_and_token_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, control: ControlPlane
+) -> None:
+    monkeypatch.delenv("TRAINHUB_REPORT_URL", raising=False)
+    monkeypatch.delenv("TRAINHUB_REPORT_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="TRAINHUB_REPORT_URL and TRAINHUB_REPORT_TOKEN"):
+        HttpSink()
+    monkeypatch.setenv("TRAINHUB_REPORT_URL", control.url + EVENTS)
+    with pytest.raises(ValueError, match="TRAINHUB_REPORT_TOKEN"):
+        HttpSink()
+    monkeypatch.setenv("TRAINHUB_REPORT_TOKEN", "rt-from-env")
+    control.answer(EVENTS, (200, {"stored": 1}))
+
+    HttpSink().send("ftjob-test", 2, [{"seq": 0, "type": "log"}])
+
+    [request] = control.to(EVENTS)
+    assert request.headers["Authorization"] == "Bearer rt-from-env"
+
+
+@pytest.mark.parametrize("status", [403, 500, 503])
+def test_a_refused_or_failed_post_raises_and_the_batch_is_sent_again(
+    control: ControlPlane, status: int
+) -> None:
+    control.answer(EVENTS, (status, {}))
+    with pytest.raises(requests.HTTPError, match=str(status)):
+        HttpSink(control.url + EVENTS, "rt").send("ftjob-test", 2, [{"seq": 9}])
+    control.requests.clear()
+    control.answer(EVENTS, (status, {}), (200, {"stored": 1}))
+    rep = make_reporter(HttpSink(control.url + EVENTS, "rt"), close_timeout=5)
+
+    rep.status(Outcome.RUNNING)  # sent at once: refused
+
+    assert [e["seq"] for e in rep._channels[0].backlog] == [0], "kept for the next send"
+    rep.close()  # retries within its timeout: the second answer is a 200
+    assert len(rep._channels[0].backlog) == 0
+    first, second = control.to(EVENTS)
+    assert first.body == second.body, "the same batch again"
+
+
+def test_a_dead_control_plane_raises_fast_and_the_events_stay_queued() -> None:
+    dead = HttpSink("http://127.0.0.1:1/api/v1/nodes/n/attempts/ftjob-test/2/events/", "rt")
     started = time.monotonic()
-    with pytest.raises(Exception, match=r"111|refused|onnect"):
+    with pytest.raises(requests.ConnectionError):
         dead.send("ftjob-test", 2, [{"seq": 0}])
     assert time.monotonic() - started < 5
 
@@ -492,17 +516,19 @@ def test_every_event_kind_is_accepted_by_the_control_plane() -> None:
 def test_from_spec_builds_the_configured_sinks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("CELERY_BROKER_URL", BROKER_URL)
+    monkeypatch.setenv("TRAINHUB_REPORT_URL", "http://control.test/events/")
+    monkeypatch.setenv("TRAINHUB_REPORT_TOKEN", "rt")
     rep = Reporter.from_spec(
         spec_with(
             {
-                "sinks": [{"type": "celery"}, {"type": "jsonl", "path": str(tmp_path / "e.jsonl")}],
+                "sinks": [{"type": "http"}, {"type": "jsonl", "path": str(tmp_path / "e.jsonl")}],
                 "heartbeat_seconds": 10,
                 "metrics_interval_seconds": 0.5,
             }
         )
     )
-    assert [type(s) for s in rep.sinks] == [CelerySink, JsonlSink]
+    assert [type(s) for s in rep.sinks] == [HttpSink, JsonlSink]
+    assert isinstance(rep.sinks[0], HttpSink) and rep.sinks[0].url == "http://control.test/events/"
     assert (rep.job_id, rep.attempt) == ("ftjob-rep", 3)
     assert (rep.heartbeat_interval, rep.metrics_interval) == (10.0, 0.5)
 
@@ -527,7 +553,10 @@ def test_from_spec_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     ("report", "match"),
     [
         ({"sinks": [{"type": "kafka"}]}, "'kafka' is not a known sink type"),
-        ({"sinks": [{"type": "celery", "broker_url": "redis://x"}]}, "CELERY_BROKER_URL"),
+        # Where to report, and with what, comes from the environment: the spec is not secret.
+        ({"sinks": [{"type": "http", "url": "http://evil/"}]}, "takes no settings"),
+        ({"sinks": [{"type": "http", "token": "rt"}]}, "TRAINHUB_REPORT_TOKEN"),
+        ({"sinks": [{"type": "celery"}]}, "'celery' is not a known sink type"),
         ({"sinks": [{"type": "runpod"}]}, "only inside the RunPod handler"),
         ({"sinks": ["jsonl"]}, r"report.sinks\[0\] must be an object"),
         ({"sinks": {"type": "jsonl"}}, "must be a list"),
