@@ -110,4 +110,4 @@ def node_command(name: str) -> list[str]:
     """A GPU node (Procfile ``gpu``): queue gpu.node.<TRAINHUB_NODE_NAME>, one job at a time."""
     return [sys.executable, "-m", "celery", "-A", "gpu_worker.celery_app", "worker",
             "-c", "1", "--prefetch-multiplier", "1", "-n", f"{name}@%h",
-            "-l", "info", "--without-gossip", "--without-mingle"]  # fmt: skip
+            "-l", "info", "--without-heartbeat", "--without-gossip", "--without-mingle"]  # fmt: skip

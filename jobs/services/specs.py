@@ -72,7 +72,7 @@ def attempt_spec(
         "seed": job.seed,
         "max_runtime_seconds": job.max_runtime_seconds,
         "report": {
-            "sinks": sinks if sinks is not None else [{"type": "celery"}],
+            "sinks": sinks if sinks is not None else [{"type": "http"}],
             # Several heartbeats per lease, so one lost message never costs the attempt.
             "heartbeat_seconds": max(1.0, settings.TRAINHUB_LEASE_TTL_SECONDS / 5),
             # Progress reaches the API within a second or two (metrics are throttled to 1/s).
