@@ -7,8 +7,9 @@ the event-driven path (the on-commit ``trainhub.dispatch`` message) can place a 
 job at a time on an idle node, it times:
 
 - **dispatch latency**, per job: ``t0`` = wall clock just before the POST is sent, to the
-  attempt's ``claimed_at`` (the claim endpoint's ``timezone.now()``; the node's task claims
-  first thing, so this is an upper bound that includes the claim's HTTP round trip), and to the
+  attempt's ``claimed_at`` (the claim endpoint's ``timezone.now()``; the node's task, sent the
+  attempt's ids only, claims first thing and gets the spec in the answer, so this is an upper
+  bound that includes the claim's HTTP round trip), and to the
   node worker's ``Task gpu_worker.run_attempt[...] received`` log line (a lower bound: the task
   starts in the pool child after it). p50/p95/max/mean over ``--jobs`` jobs, PASS/FAIL against
   p50 <= 100 ms. Each job is cancelled through the API as soon as it is claimed.
@@ -204,15 +205,20 @@ class Bench:
         }
 
     def node_env(self, token: str) -> dict[str, str]:
-        """What a node holds: the broker and its token, no Django settings (as tests/e2e)."""
+        """What a node holds: the broker (it logs in as its own Redis user), the control URL it
+        claims and heartbeats at, and its token; no Django settings (as tests/e2e)."""
         return {
             **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "TRAINHUB_"))},
             "CELERY_BROKER_URL": self.args.broker_url,
+            "TRAINHUB_CONTROL_URL": self.base,
             "TRAINHUB_NODE_NAME": NODE_NAME,
             "TRAINHUB_NODE_TOKEN": token,
             "TRAINHUB_NODE_GPUS": "",
             "TRAINHUB_NODE_HEARTBEAT_SECONDS": "1",
             "TRAINHUB_NODE_WORKDIR": str(self.tmp / "node"),
+            # The node pulls a cancel with its heartbeat while an attempt runs (default every
+            # 2 s): each job is cancelled once claimed, and waited for before the next.
+            "TRAINHUB_NODE_CONTROL_POLL_SECONDS": "1",
             # A cancelled attempt gets SIGTERM 1 s after its cancel file appears (default 30 s):
             # cancelled during its ~9 s of imports, the executor would otherwise only stop at
             # its first check, after them, and 50 jobs would take 10 minutes.
@@ -280,7 +286,7 @@ class Bench:
             "node worker",
             [*celery, "-A", "gpu_worker.celery_app", "worker", "-c", "1",
              "--prefetch-multiplier", "1", "-n", f"{NODE_NAME}@%h", "-l", "info",
-             "--without-gossip", "--without-mingle"],
+             "--without-heartbeat", "--without-gossip", "--without-mingle"],
             self.node_env(node_token), self.node_log.path,
         ))  # fmt: skip
         self.http.headers["Authorization"] = f"Bearer {raw_key}"
@@ -317,7 +323,7 @@ class Bench:
         wait_for("the dataset to be processed", processed, 60, self.procs)
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):  # the node first: it says goodbye through the broker
+        for proc in reversed(self.procs):  # the node first: it says goodbye to gunicorn
             proc.stop()
         self.http.close()
 
