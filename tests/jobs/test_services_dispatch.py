@@ -376,11 +376,14 @@ def test_the_report_token_speaks_for_its_attempt_of_its_node(claimed) -> None:
     )  # fmt: skip
 
 
-def test_a_report_token_survives_a_rotation_of_the_node_token(claimed) -> None:
-    """It speaks for the attempt the node claimed, not for the node: the executor already
-    running keeps reporting (the rotated node token is refused at claim and heartbeat)."""
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding for the lead: a report token is not bound to the node token, so rotating "
+    "a leaked node token leaves its running executor able to report (and to renew the lease)",
+)
+def test_a_rotation_of_the_node_token_cuts_off_its_report_tokens(claimed) -> None:
     nodes.node_rotate_token(node=claimed.node)
-    assert dispatch.attempt_for_report(
+    assert not dispatch.attempt_for_report(
         node_name="gpu-a", job_id=claimed.job.public_id, attempt_number=1,
         token=claimed.report_token,
     )  # fmt: skip
