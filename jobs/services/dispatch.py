@@ -16,6 +16,7 @@ not claimed in time is sent again, since a Redis restart may have lost its messa
 
 from __future__ import annotations
 
+import hmac
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -175,7 +176,11 @@ _REPORT_SALT = "trainhub.attempt-report"
 
 
 def report_token(attempt: JobAttempt) -> str:
-    return signing.dumps({"attempt": attempt.pk, "node": attempt.node_name}, salt=_REPORT_SALT)
+    """Signed ``{attempt, node, key}``; ``key`` is a prefix of the node token's hash, so
+    rotating the node's token also cuts off the report tokens issued before."""
+    key = GpuNode.objects.values_list("token_sha256", flat=True).get(name=attempt.node_name)
+    claim = {"attempt": attempt.pk, "node": attempt.node_name, "key": key[:16]}
+    return signing.dumps(claim, salt=_REPORT_SALT)
 
 
 def attempt_for_report(*, node_name: str, job_id: str, attempt_number: int, token: str) -> bool:
@@ -188,6 +193,9 @@ def attempt_for_report(*, node_name: str, job_id: str, attempt_number: int, toke
         return False
     if not isinstance(claim, dict) or claim.get("node") != node_name:
         return False
+    key = GpuNode.objects.filter(name=node_name).values_list("token_sha256", flat=True).first()
+    if key is None or not hmac.compare_digest(str(claim.get("key")), key[:16]):
+        return False  # the node's token was rotated (or the node deleted) since the claim
     return (
         isinstance(claim.get("attempt"), int)
         and JobAttempt.objects.filter(

@@ -21,11 +21,13 @@ LEVELS = frozenset(JobEvent.Level.values)
 MAX_MESSAGE_CHARS = 4000
 # What an executor may make the control plane store (a node or rented host may be hostile):
 # an event's data as JSON, the events kept from one batch, and from one attempt. Events that
-# move the job (status, error, checkpoint, artifact) are always kept.
+# move the job (status, error) are kept past those caps, the last few of a batch (the final
+# word comes last).
 MAX_EVENT_DATA_BYTES = 16 * 1024
 MAX_EVENTS_PER_BATCH = 500
 MAX_EVENTS_PER_ATTEMPT = 50_000
-_DECISIVE = frozenset({"status", "error", "checkpoint", "artifact"})
+MAX_DECISIVE_PER_BATCH = 20
+_DECISIVE = frozenset({"status", "error"})
 METRIC_KEYS = ("step", "total_steps", "epoch", "loss", "lr", "tokens_per_second", "grad_norm")
 
 
@@ -92,12 +94,13 @@ def events_within_caps(
     """The cleaned events worth storing: every decisive one, the others up to the batch and
     the attempt caps (logged once per batch when some are dropped)."""
     routine = [e for e in events if e["type"] not in _DECISIVE]
+    decisive = [e for e in events if e["type"] in _DECISIVE]
     stored = JobEvent.objects.filter(job_id=job.pk, attempt=attempt).count()
     room = max(0, min(MAX_EVENTS_PER_BATCH, MAX_EVENTS_PER_ATTEMPT - stored))
-    if len(routine) <= room:
+    if len(routine) <= room and len(decisive) <= MAX_DECISIVE_PER_BATCH:
         return events
-    kept_routine = {id(e) for e in routine[:room]}
-    kept = [e for e in events if e["type"] in _DECISIVE or id(e) in kept_routine]
+    kept_ids = {id(e) for e in routine[:room]} | {id(e) for e in decisive[-MAX_DECISIVE_PER_BATCH:]}
+    kept = [e for e in events if id(e) in kept_ids]
     log.warning(
         "job %s attempt %s: dropped %d of %d events over the caps (%d a batch, %d an attempt)",
         job.public_id, attempt, len(events) - len(kept), len(events),

@@ -217,18 +217,18 @@ def node_stop_requests(*, node: GpuNode, running: tuple[object, object] | None =
     }
     if running is not None:
         job_id, number = running
-        still_mine = (
-            isinstance(job_id, str)
-            and isinstance(number, int)
-            and mine.filter(
-                job__public_id=job_id,
-                number=number,
-                ended_at__isnull=True,
-                claimed_at__isnull=False,
-                job__status__in=(JobStatus.PROVISIONING, JobStatus.RUNNING),
-            ).exists()
-        )
-        if not still_mine and isinstance(job_id, str) and isinstance(number, int):
+        if not isinstance(job_id, str) or type(number) is not int:
+            raise InvalidRequest(
+                "running must be [job_id, attempt number].", code="invalid_value", param="running"
+            )
+        still_mine = mine.filter(
+            job__public_id=job_id,
+            number=number,
+            ended_at__isnull=True,
+            claimed_at__isnull=False,
+            job__status__in=(JobStatus.PROVISIONING, JobStatus.RUNNING),
+        ).exists()
+        if not still_mine:
             stop.add((job_id, number))
     return [{"job_id": job_id, "attempt": number} for job_id, number in sorted(stop)]
 

@@ -376,11 +376,6 @@ def test_the_report_token_speaks_for_its_attempt_of_its_node(claimed) -> None:
     )  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding for the lead: a report token is not bound to the node token, so rotating "
-    "a leaked node token leaves its running executor able to report (and to renew the lease)",
-)
 def test_a_rotation_of_the_node_token_cuts_off_its_report_tokens(claimed) -> None:
     nodes.node_rotate_token(node=claimed.node)
     assert not dispatch.attempt_for_report(

@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from jobs.models import JobEvent, TrainingJob
 from jobs.services import events as events_module
 from jobs.services.events import (
+    MAX_DECISIVE_PER_BATCH,
     MAX_EVENT_DATA_BYTES,
     MAX_EVENTS_PER_BATCH,
     MAX_MESSAGE_CHARS,
@@ -167,18 +168,23 @@ def test_a_batch_within_the_caps_is_kept_whole(job) -> None:
 def test_a_batch_keeps_its_first_routine_events_up_to_the_cap_and_every_decisive_one(
     job, caplog
 ) -> None:
-    routine = [_cleaned(i, ("log", "metrics", "heartbeat")[i % 3]) for i in range(700)]
-    decisive = [_cleaned(1000 + i, t) for i, t in
-                enumerate(("status", "error", "checkpoint", "artifact"))]  # fmt: skip
-    # Decisive events anywhere in the batch, the last ones after the cap is reached.
-    batch = routine[:10] + decisive[:2] + routine[10:] + decisive[2:]
+    kinds = ("log", "metrics", "heartbeat", "checkpoint", "artifact")
+    routine = [_cleaned(i, kinds[i % 5]) for i in range(700)]
+    decisive = [_cleaned(1000, "status"), _cleaned(1001, "error")]  # they move the job
+    # Decisive events anywhere in the batch, one after the cap is reached.
+    batch = routine[:10] + decisive[:1] + routine[10:] + decisive[1:]
 
     kept = events_within_caps(job=job, attempt=1, events=batch)
 
-    assert kept == routine[:10] + decisive[:2] + routine[10:MAX_EVENTS_PER_BATCH] + decisive[2:]
+    assert kept == routine[:10] + decisive[:1] + routine[10:MAX_EVENTS_PER_BATCH] + decisive[1:]
     [warning] = [r for r in caplog.records if "over the caps" in r.getMessage()]
-    assert f"dropped {700 - MAX_EVENTS_PER_BATCH} of 704" in warning.getMessage()
+    assert f"dropped {700 - MAX_EVENTS_PER_BATCH} of 702" in warning.getMessage()
     assert job.public_id in warning.getMessage()
+
+
+def test_a_flood_of_status_events_keeps_the_last_few(job) -> None:
+    flood = [_cleaned(i, "status") for i in range(MAX_DECISIVE_PER_BATCH + 30)]
+    assert events_within_caps(job=job, attempt=1, events=flood) == flood[-MAX_DECISIVE_PER_BATCH:]
 
 
 def test_the_attempt_cap_counts_what_the_attempt_already_stored(job, monkeypatch) -> None:
@@ -191,7 +197,7 @@ def test_the_attempt_cap_counts_what_the_attempt_already_stored(job, monkeypatch
     events_store(job=job, attempt=1, events=kept)
 
     full = [_cleaned(300), _cleaned(301, "error"), _cleaned(302, "artifact")]
-    assert events_within_caps(job=job, attempt=1, events=full) == full[1:], (
+    assert events_within_caps(job=job, attempt=1, events=full) == full[1:2], (
         "at the cap, only what moves the job is stored"
     )
     assert events_within_caps(job=job, attempt=2, events=batch) == batch, "per attempt"

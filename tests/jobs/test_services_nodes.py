@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
+from jobs.errors import InvalidRequest
 from jobs.models import GpuNode, NodeEvent
 from jobs.services import nodes
 from jobs.services.attempts import (
@@ -319,22 +320,11 @@ def test_an_attempt_a_node_runs_without_having_claimed_it_is_to_stop(
     assert attempt_of(others).ended_at is None, "only a request to gpu-a, nothing ended"
 
 
-@pytest.mark.parametrize(
-    "running",
-    [
-        (1, 1),
-        ("ftjob-x", "1"),
-        (None, None),
-        pytest.param(
-            ("ftjob-x", True),
-            marks=pytest.mark.xfail(
-                strict=True, reason="a JSON true passes isinstance(int) and is echoed back"
-            ),
-        ),
-    ],
-)
-def test_a_malformed_running_attempt_is_ignored(placed, running) -> None:
-    assert nodes.node_stop_requests(node=placed.node, running=running) == []
+@pytest.mark.parametrize("running", [(1, 1), ("ftjob-x", "1"), (None, None), ("ftjob-x", True)])
+def test_a_malformed_running_attempt_is_refused_naming_it(placed, running) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        nodes.node_stop_requests(node=placed.node, running=running)
+    assert refused.value.param == "running"
 
 
 # --- cancel, and the node's report of how its attempt ended -------------------------------------
