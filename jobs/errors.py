@@ -33,6 +33,25 @@ class Unavailable(ServiceError):
     error_type = "server_error"
 
 
+class LengthRequired(ServiceError):
+    """A body whose size is not declared up front (no Content-Length) where one is needed."""
+
+    http_status = 411
+
+
+class PayloadTooLarge(ServiceError):
+    """The request body, or a file in it, is larger than a limit: refused while it streams."""
+
+    http_status = 413
+
+
+class QuotaExceeded(ServiceError):
+    """Storing this would take the project past one of its storage quotas."""
+
+    http_status = 403
+    error_type = "permission_error"
+
+
 class LimitExceeded(ServiceError):
     http_status = 429
     error_type = "rate_limit_error"

@@ -109,9 +109,23 @@ TRAINHUB_CHECKPOINT_RETENTION_SECONDS = env.int(
     "TRAINHUB_CHECKPOINT_RETENTION_SECONDS", default=7 * 24 * 3600
 )
 TRAINHUB_MAX_UPLOAD_BYTES = env.int("TRAINHUB_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
+# Per project: the training files it may keep, in bytes and in number. An upload that would
+# pass either is refused (403 storage_quota_exceeded) before it is stored.
+TRAINHUB_PROJECT_STORAGE_BYTES = env.int(
+    "TRAINHUB_PROJECT_STORAGE_BYTES", default=10 * 1024 * 1024 * 1024
+)
+TRAINHUB_PROJECT_MAX_FILES = env.int("TRAINHUB_PROJECT_MAX_FILES", default=1000)
 # Django buffers small uploads in memory and spills larger ones to disk; uploads stream
-# from there into storage in chunks, never read whole.
+# from there into storage in chunks, never read whole. The limit handler comes first: it
+# refuses a body whose Content-Length is over the limit before reading it, and stops reading
+# as soon as the file passes the limit, before the other handlers store that chunk.
+FILE_UPLOAD_HANDLERS = [
+    "jobs.api.uploads.UploadLimitHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+# JSON bodies and form fields: Django refuses a larger Content-Length unread (the API: 413).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 # --- Secrets at rest ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -30,10 +31,26 @@ def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, st
 
 
 def exception_handler(exc: Exception, context: dict) -> Response | None:
+    carried = getattr(exc, "error", None)
+    if isinstance(exc, RequestDataTooBig) and isinstance(carried, ServiceError):
+        exc = carried  # an upload refused while it streamed (jobs.api.uploads.UploadRefused)
     if isinstance(exc, ServiceError):
         return Response(
             error_body(exc.message, type=exc.error_type, code=exc.code, param=exc.param),
             status=exc.http_status,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        # Django refused a body (JSON, form fields) over DATA_UPLOAD_MAX_MEMORY_SIZE from its
+        # Content-Length, before reading it; as a JSON error rather than its plain 400 page.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            error_body(
+                f"The request body is larger than the {limit} byte limit for a JSON or form "
+                "body (upload datasets as multipart files).",
+                type="invalid_request_error",
+                code="body_too_large",
+            ),
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from jobs import selectors, storage
 from jobs.api import presenters as p
+from jobs.api import uploads
 from jobs.api.auth import request_project, request_user
 from jobs.errors import InvalidRequest, Unavailable
 from jobs.services import files as file_services
@@ -95,13 +96,16 @@ class FileListView(APIView):
 
     @extend_schema(request={"multipart/form-data": dict}, responses=dict)
     def post(self, request: Request) -> Response:
+        project = request_project(request)
+        # Before the body is read: a full quota or an oversized body is refused unread.
+        uploads.restrict(request, file_services.file_upload_allowance(project=project))
         upload = request.FILES.get("file")
         if upload is None:
             raise InvalidRequest(
                 "Send the dataset as multipart field 'file'.", code="missing_file", param="file"
             )
         record = file_services.file_create(
-            project=request_project(request),
+            project=project,
             user=request_user(request),
             filename=upload.name or "upload.jsonl",
             chunks=upload.chunks(storage.CHUNK_BYTES),

@@ -112,7 +112,7 @@ def test_upload_empty_file(api) -> None:
 def test_upload_too_large_leaves_nothing(api, settings) -> None:
     settings.TRAINHUB_MAX_UPLOAD_BYTES = 100
     response = upload(api, GOOD)
-    error = assert_error(response, 400, param="file", code="file_too_large")
+    error = assert_error(response, 413, param="file", code="file_too_large")
     assert "100" in error["message"]
     assert TrainingFile.objects.count() == 0
     assert _stored_files() == []
@@ -202,3 +202,32 @@ def test_delete_file_used_by_live_job_conflicts(api, make_job) -> None:
     assert_error(api.delete(f"/api/v1/files/{file_id}/"), 409, code="file_in_use")
     assert api.delete(f"/api/v1/jobs/{job.public_id}/").status_code == 200
     assert api.delete(f"/api/v1/files/{file_id}/").status_code == 200
+
+
+def test_an_upload_that_a_concurrent_one_pushed_over_the_quota_is_refused(
+    project, user, settings
+) -> None:
+    """The quota is checked before reading and again, under the project's row lock, before the
+    record is made: an upload that another one overtook while it streamed is refused then, and
+    its stored bytes removed."""
+    from jobs.errors import QuotaExceeded
+    from jobs.services.files import file_create
+
+    settings.TRAINHUB_PROJECT_STORAGE_BYTES = len(GOOD) * 3 // 2
+    overtaking: list[TrainingFile] = []
+
+    def chunks():
+        yield GOOD[:10]
+        overtaking.append(
+            file_create(project=project, user=user, filename="other.jsonl", chunks=[GOOD])
+        )
+        yield GOOD[10:]
+
+    with pytest.raises(QuotaExceeded) as exc:
+        file_create(project=project, user=user, filename="late.jsonl", chunks=chunks())
+
+    assert exc.value.code == "storage_quota_exceeded" and exc.value.http_status == 403
+    assert list(TrainingFile.objects.values_list("public_id", flat=True)) == [
+        overtaking[0].public_id
+    ]
+    assert [p.name for p in _stored_files()] == [Path(overtaking[0].storage_key).name]
