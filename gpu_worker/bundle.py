@@ -21,6 +21,9 @@ from typing import IO
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+# A PAX extended header is read into memory to be parsed; ours hold a path and a size (a few
+# hundred bytes), so anything near this is an attack on the reader's memory.
+MAX_HEADER_BYTES = 64 * 1024
 _CHUNK = 1024 * 1024
 _BLOCK = tarfile.BLOCKSIZE
 _ZERO_BLOCK = bytes(_BLOCK)
@@ -166,6 +169,16 @@ def _pax_overrides(raw: bytes) -> dict[str, str]:
     return found
 
 
+def _member_size(pax: dict[str, str], info: tarfile.TarInfo) -> int:
+    """The member's size: the PAX record's when there is one. A size that is not a
+    non-negative integer would desynchronise the walk from the headers."""
+    raw = pax.get("size", info.size)
+    size = int(raw) if isinstance(raw, int) or raw.isdigit() else -1
+    if size < 0:
+        raise BundleError(f"{pax.get('path', info.name)} has an invalid size {raw!r}")
+    return size
+
+
 def _members(blocks: _Blocks) -> Iterator[tuple[str, int, bytes]]:
     """(name, size, type) of each member, up to the end-of-archive block. The caller consumes
     each member's data (``size`` bytes) before asking for the next."""
@@ -179,11 +192,18 @@ def _members(blocks: _Blocks) -> Iterator[tuple[str, int, bytes]]:
         except tarfile.HeaderError as exc:
             raise BundleError(f"not a readable tar archive: {exc}") from None
         if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+            if not 0 <= info.size <= MAX_HEADER_BYTES:
+                # Refused before its bytes are read: the header would be held whole.
+                raise BundleError(
+                    f"a PAX header of {info.size} bytes is over the {MAX_HEADER_BYTES} byte "
+                    "limit for tar headers",
+                    pax.get("path", info.name),
+                )
             raw = blocks.read(_padded(info.size))[: info.size]
             if info.type == tarfile.XHDTYPE:
                 pax = _pax_overrides(raw)
             continue
-        name, size = pax.get("path", info.name), int(pax.get("size", info.size))
+        name, size = pax.get("path", info.name), _member_size(pax, info)
         pax = {}
         yield name, size, info.type
         blocks.read(_padded(size) - size)
@@ -195,13 +215,15 @@ def _padded(size: int) -> int:
 
 def verify_bundle(chunks: Iterable[bytes]) -> VerifiedBundle:
     """Stream through the bundle, checking every member against the manifest and hashing the
-    whole. Memory stays flat (a few chunks); nothing is written anywhere. Raises BundleError
-    on the first problem, naming the member."""
+    whole. Memory stays flat (a few chunks; a PAX header over MAX_HEADER_BYTES is refused
+    unread); nothing is written anywhere. Raises BundleError on the first problem, naming the
+    member."""
     whole = _WholeHash()
     blocks = _Blocks(chunks, whole)
     try:
         expected: dict[str, BundleFile] | None = None
         seen: list[BundleFile] = []
+        seen_names: set[str] = set()
         for name, size, kind in _members(blocks):
             if expected is None:
                 if name != MANIFEST or kind not in _FILE_TYPES or size > _CHUNK:
@@ -213,6 +235,9 @@ def verify_bundle(chunks: Iterable[bytes]) -> VerifiedBundle:
             want = expected.get(name)
             if want is None:
                 raise BundleError(f"{name} is not in the manifest", name)
+            if name in seen_names:  # once only: a repeated member would grow ``seen`` unbounded
+                raise BundleError(f"{name} appears twice in the bundle", name)
+            seen_names.add(name)
             digest = hashlib.sha256()
             for piece in blocks.pieces(size):
                 digest.update(piece)

@@ -4,7 +4,10 @@ Refused, with the member named: absolute paths and drive letters, ``..`` anywher
 any kind (an adapter bundle never holds one, and a link is how an archive writes outside its
 folder), device files and FIFOs, more than ``max_members`` entries, and decompression bombs:
 more than ``max_bytes`` written in all, counted on the bytes actually written (headers can
-lie), or an expansion above ``max_ratio`` times the archive's size.
+lie), or an expansion above ``max_ratio`` times the archive's size. Tar headers that tarfile
+would read whole into memory (PAX extended headers, GNU long names) are refused above
+``MAX_HEADER_BYTES`` before they are read, and sparse members (whose maps tarfile also reads
+whole) are refused outright.
 
 Extraction goes to a temporary folder next to ``dest`` that is renamed into place at the end,
 so a refused archive leaves nothing behind. Standard library only: the control plane's
@@ -31,6 +34,16 @@ DEFAULT_MAX_MEMBERS = 10_000
 DEFAULT_MAX_RATIO = 200
 # Below this, a high ratio is just a small file that compresses well.
 RATIO_FLOOR_BYTES = 16 * 1024**2
+# A header's data (PAX records, a GNU long name) is held in memory to be parsed; real ones are
+# a few hundred bytes. Same cap as gpu_worker.bundle.MAX_HEADER_BYTES.
+MAX_HEADER_BYTES = 64 * 1024
+_HEADER_TYPES = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError)
 
 
@@ -96,8 +109,31 @@ def _copy(src: IO[bytes], target: Path, budget: _Budget, name: str) -> None:
             out.write(chunk)
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A TarInfo that refuses, before reading them, the header records tarfile holds whole.
+    Raised as UnsafeArchive: tarfile turns its own header errors after the first member into
+    a silent end of archive."""
+
+    def _proc_member(self, owner: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _HEADER_TYPES and not 0 <= self.size <= MAX_HEADER_BYTES:
+            raise UnsafeArchive(
+                f"a tar header record of {self.size} bytes is over the {MAX_HEADER_BYTES} byte "
+                "limit",
+                self.name,
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise UnsafeArchive("sparse members are not allowed", self.name)
+        # tarfile's private dispatch, which typeshed does not declare.
+        member: tarfile.TarInfo = super()._proc_member(owner)  # type: ignore[misc]
+        return member
+
+    def _proc_gnusparse_10(self, *args: object) -> None:
+        # A PAX-declared sparse map is read from the data blocks with no size bound.
+        raise UnsafeArchive("sparse members are not allowed", self.name)
+
+
 def _tar_members(archive: Path, root: Path, budget: _Budget) -> Iterator[str]:
-    with tarfile.open(archive, mode="r:*") as tar:
+    with tarfile.open(archive, mode="r:*", tarinfo=_BoundedTarInfo) as tar:
         for member in tar:  # streaming: a bomb is stopped before it is read to the end
             budget.member(member.name)
             rel = _relative(member.name)

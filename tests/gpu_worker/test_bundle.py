@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.bundle import MANIFEST, BundleError, verify_bundle, write_bundle
+from gpu_worker.bundle import MANIFEST, MAX_HEADER_BYTES, BundleError, verify_bundle, write_bundle
 
 
 def _bundle(tmp: Path, files: dict[str, bytes]) -> bytes:
@@ -90,3 +90,45 @@ def test_unlisted_member_missing_member_and_traversal_are_refused(tmp_path: Path
         verify_bundle([rebuild([("a.bin", b"a"), (MANIFEST, manifest)])])
     with pytest.raises(BundleError):
         verify_bundle([b"this is not a tar file at all" * 40])
+
+
+def _header(name: str, kind: bytes, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.XGLTYPE])
+def test_a_pax_header_over_the_cap_is_refused_unread(kind: bytes) -> None:
+    """Only the header block is sent: had the record been read, the stream would end first
+    ("truncated"); the refusal names the size and the limit."""
+    with pytest.raises(BundleError) as exc:
+        verify_bundle([_header("././@PaxHeader", kind, MAX_HEADER_BYTES + 1)])
+    assert "PAX header" in exc.value.message and str(MAX_HEADER_BYTES) in exc.value.message
+
+
+def test_a_long_member_name_still_verifies(tmp_path: Path) -> None:
+    """write_bundle puts names over 100 characters in a PAX header: well under the cap."""
+    data = _bundle(tmp_path, {"d" * 150 + "/adapter_model.safetensors": b"w" * 100})
+    assert len(verify_bundle([data]).files) == 1
+
+
+@pytest.mark.parametrize("size", ["12abc", "-5", ""])
+def test_a_pax_size_that_is_not_a_size_is_refused(size: str) -> None:
+    record = f"size={size}\n"
+    record = f"{len(record) + len(str(len(record))) + 1} {record}".encode()
+    header = _header("././@PaxHeader", tarfile.XHDTYPE, len(record))
+    body = record + bytes(-len(record) % tarfile.BLOCKSIZE)
+    with pytest.raises(BundleError, match="invalid size"):
+        verify_bundle([header + body + _header(MANIFEST, tarfile.REGTYPE, 0) + bytes(1024)])
+
+
+def test_a_member_twice_is_refused(tmp_path: Path) -> None:
+    """A repeated member would be hashed and listed again and again: refused at the second."""
+    data = _bundle(tmp_path, {"a.bin": b"a" * 10})
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.getmembers()[1]
+    end = member.offset_data + tarfile.BLOCKSIZE  # its header and its one data block
+    doubled = data[:end] + data[member.offset : end] + data[end:]
+    with pytest.raises(BundleError, match="appears twice"):
+        verify_bundle([doubled])

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.extract import UnsafeArchive, safe_extract
+from gpu_worker.extract import MAX_HEADER_BYTES, UnsafeArchive, safe_extract
 
 
 def _tar(path: Path, *members: tuple[tarfile.TarInfo, bytes | None], mode: str = "w") -> Path:
@@ -146,3 +146,36 @@ def test_a_good_archive_round_trips(files: dict[str, bytes], kind: str, tmp_path
     assert sorted(extracted) == names
     for name, data in files.items():
         assert (tmp / "out" / name).read_bytes() == data
+
+
+def _header_only_tar(path: Path, kind: bytes, size: int, *, after: int = 0) -> Path:
+    """A tar whose first member (after ``after`` plain files) is a header record of ``size``
+    bytes: the record is a hole in a sparse file, so it costs no disk, only what reading costs."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(after):
+            tar.addfile(_info(f"f{i}.txt", size=1), io.BytesIO(b"x"))
+    data = path.read_bytes().rstrip(b"\0")
+    head = _info("././@LongLink" if kind == tarfile.GNUTYPE_LONGNAME else "hdr", kind)
+    head.size = size
+    data = data + bytes(-len(data) % tarfile.BLOCKSIZE) + head.tobuf(format=tarfile.USTAR_FORMAT)
+    with path.open("wb") as fh:
+        fh.write(data)
+        fh.truncate(len(data) + size + 2 * tarfile.BLOCKSIZE)
+    return path
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME])
+@pytest.mark.parametrize("after", [0, 2])  # first member, and later (where tarfile hides errors)
+def test_a_huge_header_record_is_refused_before_it_is_read(
+    kind: bytes, after: int, tmp_path: Path
+) -> None:
+    archive = _header_only_tar(tmp_path / "bomb.tar", kind, 256 << 20, after=after)
+    with pytest.raises(UnsafeArchive, match=f"{256 << 20} bytes is over the {MAX_HEADER_BYTES}"):
+        safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["bomb.tar"]
+
+
+def test_a_sparse_member_is_refused(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "sparse.tar", (_info("s.bin", tarfile.GNUTYPE_SPARSE), b""))
+    with pytest.raises(UnsafeArchive, match="sparse"):
+        safe_extract(archive, tmp_path / "out")
