@@ -20,6 +20,11 @@ group (an operator, the machine shutting down) still lets it record the executor
 Host keys are trusted on first use: the caller stores ``host_key`` and passes it back as
 ``known_host_key`` on every later connection.
 
+The machine is not trusted with the control plane's memory: every read has a byte cap (events
+per call, the exit code, a log's tail, a command's output, a fetched file), and the connection
+itself stops after ``MAX_RECEIVED_BYTES`` plus what a fetch allowed, whatever the server claims
+(paramiko trusts the packet lengths and receive window a server sends).
+
 Kept whole: every method works on the one remote directory layout above.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import functools
 import hashlib
 import io
@@ -34,6 +40,7 @@ import json
 import shlex
 import socket
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,9 +53,17 @@ import gpu_worker
 from providers.base import SshAddress
 from providers.errors import PermanentProviderError, ProviderError, TransientProviderError
 
-COMMAND_TIMEOUT = 120.0  # one remote shell command (extracting the code is the longest)
+COMMAND_TIMEOUT = 120.0  # one remote shell command, in all (extracting the code is the longest)
 KEEPALIVE_SECONDS = 30  # a reused connection must survive idle NAT timeouts between polls
 MAX_EVENTS_READ = 8 << 20  # bytes of events.jsonl per read_events call: bounded memory
+# Our commands print a line at most (their output is only quoted in errors): more is a broken
+# or hostile machine, and reading stops there.
+MAX_COMMAND_OUTPUT = 64 << 10
+MAX_EXIT_CODE_BYTES = 32  # "<integer>\n"
+# Bytes one connection may receive, all reads together (a poll reads at most MAX_EVENTS_READ
+# and a few small files); a fetch adds its own max_bytes.
+MAX_RECEIVED_BYTES = 64 << 20
+_RECV_SLICE = 1 << 20  # no recv buffer larger than this, whatever size paramiko asks for
 _ALREADY_STARTED = 10  # the start script's exit status when pid exists
 
 
@@ -75,6 +90,40 @@ def fingerprint(key_line: str) -> str:
 
 class HostKeyMismatch(PermanentProviderError):
     """The server presented a host key other than the one stored on first contact."""
+
+
+class OverBudget(ConnectionAbortedError):
+    """The connection received more bytes than it was allowed, or an operation ran past its
+    deadline."""
+
+
+class _BudgetedSocket:
+    """The connection's socket, counting what it receives: past ``budget`` bytes, or past the
+    running operation's ``deadline``, every recv fails, so paramiko's transport thread stops and
+    nothing more is buffered or waited for. Everything else is the socket's own (paramiko reads
+    ``_closed`` and calls settimeout, send, close)."""
+
+    def __init__(self, sock: socket.socket, budget: int) -> None:
+        self._sock = sock
+        self.budget = budget
+        self.received = 0
+        self.deadline: float | None = None  # monotonic; None between operations
+        self.overdue = False
+
+    def recv(self, n: int) -> bytes:
+        if self.received > self.budget:
+            # (errno, text): paramiko formats socket errors as a pair, and a thread that fails
+            # there would die without closing the connection's channels.
+            raise OverBudget(errno.ECONNABORTED, f"received more than {self.budget} bytes")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.overdue = True
+            raise OverBudget(errno.ECONNABORTED, "the operation ran past its deadline")
+        data = self._sock.recv(min(n, _RECV_SLICE))
+        self.received += len(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 @functools.cache
@@ -121,6 +170,7 @@ class RemoteExecutor:
                 f"key ({type(exc).__name__}); generate one with generate_keypair()"
             ) from None
         self._conn: tuple[paramiko.Transport, paramiko.SFTPClient] | None = None
+        self._sock: _BudgetedSocket | None = None
         self._seen = ""
 
     @property
@@ -137,7 +187,12 @@ class RemoteExecutor:
         self.close()
         with self._errors("connect"):
             addr = (self.address.host, self.address.port)
-            transport = paramiko.Transport(socket.create_connection(addr, self._timeout))
+            sock = _BudgetedSocket(
+                socket.create_connection(addr, self._timeout), MAX_RECEIVED_BYTES
+            )
+            self._sock = sock  # before the handshake: a flood there is over budget too
+            sock.deadline = time.monotonic() + COMMAND_TIMEOUT
+            transport = paramiko.Transport(sock)  # type: ignore[arg-type]  # a socket by duck typing
             try:
                 transport.banner_timeout = transport.handshake_timeout = self._timeout
                 transport.auth_timeout = self._timeout
@@ -154,7 +209,13 @@ class RemoteExecutor:
                     )
                 transport.auth_publickey(self.address.username, self._key)
                 transport.set_keepalive(KEEPALIVE_SECONDS)
-                conn = (transport, transport.open_sftp_client())
+                sftp = transport.open_sftp_client()
+                # paramiko's SFTP reads wait forever by default, even after the transport died
+                # (its channels are unlinked, not woken): a machine that stops answering would
+                # hold this worker for good.
+                if (channel := sftp.get_channel()) is not None:
+                    channel.settimeout(self._timeout)
+                conn = (transport, sftp)
             except BaseException:
                 transport.close()
                 raise
@@ -163,7 +224,10 @@ class RemoteExecutor:
 
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:
-        """Map paramiko's and the socket's errors to the provider error family."""
+        """Run one operation within COMMAND_TIMEOUT (the connection stops receiving after it)
+        and map paramiko's and the socket's errors to the provider error family."""
+        if self._sock is not None:
+            self._sock.deadline = time.monotonic() + COMMAND_TIMEOUT
         try:
             yield
         except ProviderError:
@@ -174,13 +238,26 @@ class RemoteExecutor:
                 "key; check that its public key is in the machine's authorized_keys"
             ) from None
         except (paramiko.SSHException, EOFError, OSError) as exc:  # socket errors are OSErrors
+            sock = self._sock
             self.close()
+            if sock is not None and sock.received > sock.budget:
+                raise PermanentProviderError(
+                    f"SSH {action} on {self._where}: the machine sent more than {sock.budget} "
+                    "bytes on one connection; refusing to read more from it"
+                ) from None
+            if sock is not None and sock.overdue:
+                raise TransientProviderError(
+                    f"SSH {action} on {self._where} took longer than {COMMAND_TIMEOUT:.0f} s"
+                ) from None
             raise TransientProviderError(
                 f"SSH {action} on {self._where} failed: {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            if self._sock is not None:
+                self._sock.deadline = None
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._sock = self._conn, None, None
         if conn is not None:
             conn[1].close()
             conn[0].close()
@@ -198,6 +275,7 @@ class RemoteExecutor:
         """Run a POSIX sh script (whatever the login shell is); its exit status, which must be
         one of ``ok`` when given (otherwise PermanentProviderError with the output)."""
         transport, _ = self._connect()
+        deadline = time.monotonic() + COMMAND_TIMEOUT
         with self._errors("command"):
             chan = transport.open_session(timeout=self._timeout)
             try:
@@ -207,7 +285,13 @@ class RemoteExecutor:
                 if stdin:
                     chan.sendall(stdin)
                 chan.shutdown_write()
-                output = chan.makefile("rb").read().decode(errors="replace")
+                output = self._output(chan, deadline).decode(errors="replace")
+                # Bounded like the output: a server that never sends a status is not waited on.
+                if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+                    raise TransientProviderError(
+                        f"SSH command on {self._where} gave no exit status within "
+                        f"{COMMAND_TIMEOUT:.0f} s"
+                    )
                 status = chan.recv_exit_status()
             finally:
                 chan.close()
@@ -220,20 +304,59 @@ class RemoteExecutor:
             )
         return status
 
-    def _read(self, name: str, offset: int = 0, limit: int = -1) -> bytes | None:
-        """Bytes of remote_dir/name from ``offset`` (None when the file does not exist)."""
+    def _output(self, chan: paramiko.Channel, deadline: float) -> bytes:
+        """A command's output, read until it ends: at most MAX_COMMAND_OUTPUT bytes (more is
+        PermanentProviderError, and nothing more is read) before ``deadline`` (Transient)."""
+        out = bytearray()
+        while True:
+            chan.settimeout(max(0.0, deadline - time.monotonic()))
+            try:
+                data = chan.recv(32 << 10)
+            except TimeoutError:  # the wait for more output reached the deadline
+                data = None
+            if data is None or time.monotonic() >= deadline:
+                raise TransientProviderError(
+                    f"SSH command on {self._where} ran past {COMMAND_TIMEOUT:.0f} s"
+                )
+            if not data:
+                return bytes(out)
+            out += data
+            if len(out) > MAX_COMMAND_OUTPUT:
+                self.close()  # it may go on sending: the connection goes, not just the channel
+                raise PermanentProviderError(
+                    f"a command on {self._where} printed more than {MAX_COMMAND_OUTPUT} bytes "
+                    f"(it ends with {bytes(out[-200:]).decode(errors='replace')!r}); "
+                    "stopped reading it"
+                )
+
+    def _read(self, name: str, limit: int, offset: int = 0) -> bytes | None:
+        """At most ``limit`` bytes of remote_dir/name from ``offset`` (None when the file does
+        not exist)."""
         _, sftp = self._connect()
         with self._errors(f"read {name}"):
             try:
                 with sftp.open(self._path(name), "rb") as fh:
                     fh.seek(offset)
-                    return fh.read(limit if limit >= 0 else None)
+                    return fh.read(limit)
+            except FileNotFoundError:
+                return None
+
+    def tail(self, name: str, limit: int) -> bytes | None:
+        """The last ``limit`` bytes of remote_dir/name (None when it does not exist): a log's
+        end costs ``limit`` however large the machine let the log grow."""
+        _, sftp = self._connect()
+        with self._errors(f"read {name}"):
+            try:
+                with sftp.open(self._path(name), "rb") as fh:
+                    size = fh.stat().st_size or 0
+                    fh.seek(max(0, size - limit))
+                    return fh.read(limit)
             except FileNotFoundError:
                 return None
 
     def start(self, spec: dict[str, Any]) -> bool:
         """Upload the code and spec and start the run detached; False if it was started before."""
-        if self._read("pid", limit=0) is not None:
+        if self._read("pid", 0) is not None:
             return False
         d = shlex.quote(self.remote_dir)
         code = shlex.quote(self._path("code"))
@@ -265,10 +388,13 @@ class RemoteExecutor:
     def read_events(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Complete JSON lines of events.jsonl after byte ``offset``, and the offset to pass
         next time (a trailing partial line is read again then; unparsable lines are skipped)."""
-        data = self._read("events.jsonl", offset, MAX_EVENTS_READ)
+        data = self._read("events.jsonl", MAX_EVENTS_READ, offset)
         end = -1 if data is None else data.rfind(b"\n")
         if data is None or end < 0:
-            return [], offset
+            # A full read without a line end is one line longer than the cap: skipped (no
+            # event is that long), else every later poll would read the same bytes again.
+            skip = len(data) if data is not None and len(data) >= MAX_EVENTS_READ else 0
+            return [], offset + skip
         events = []
         for line in data[: end + 1].splitlines():
             with contextlib.suppress(ValueError):  # torn by a crash, terminated by the next write
@@ -277,8 +403,10 @@ class RemoteExecutor:
 
     def exit_code(self) -> int | None:
         """The executor's exit code (gpu_worker.outcomes.ExitCode), None while it has not exited."""
-        data = self._read("exit_code")  # written by rename: complete when it exists
-        return int(data) if data and data.strip().isdigit() else None
+        data = self._read("exit_code", MAX_EXIT_CODE_BYTES)  # by rename: complete once there
+        text = data.strip() if data else b""
+        # A shell's exit status is 0-255; anything else is not an exit we know of.
+        return int(text) if text.isdigit() and len(text) <= 3 and int(text) <= 255 else None
 
     def is_running(self) -> bool:
         """Whether the started run's process is alive (a zombie left by a container whose PID 1
@@ -300,18 +428,38 @@ class RemoteExecutor:
         self._sh(f"[ ! -d {d} ] || : > {shlex.quote(self._path('cancel'))}")
 
     def fetch(
-        self, remote_path: str, write: Callable[[bytes], object], *, chunk: int = 1 << 20
+        self,
+        remote_path: str,
+        write: Callable[[bytes], object],
+        *,
+        max_bytes: int,
+        chunk: int = 1 << 20,
     ) -> int:
-        """Stream a remote file to ``write``; returns the number of bytes."""
+        """Stream a remote file of at most ``max_bytes`` to ``write``; returns the number of
+        bytes. A larger file is PermanentProviderError, checked before reading and while
+        reading (the file may grow), with at most ``max_bytes`` handed to ``write``."""
         _, sftp = self._connect()
         with self._errors(f"fetch {remote_path}"):
             try:
                 with sftp.open(remote_path, "rb") as fh:
+                    if (fh.stat().st_size or 0) > max_bytes:
+                        raise self._too_large(remote_path, max_bytes)
+                    if self._sock is not None:
+                        self._sock.budget += max_bytes  # the connection may carry this file
                     fh.prefetch()  # pipelined reads: one round trip per file, not per block
-                    while data := fh.read(chunk):
+                    done = 0
+                    while data := fh.read(min(chunk, max_bytes + 1 - done)):
+                        done += len(data)
+                        if done > max_bytes:
+                            raise self._too_large(remote_path, max_bytes)
                         write(data)
-                    return int(fh.tell())
+                    return done
             except (FileNotFoundError, PermissionError) as exc:
                 raise PermanentProviderError(
                     f"cannot read {remote_path} on {self._where}: {exc.strerror or exc}"
                 ) from exc
+
+    def _too_large(self, remote_path: str, max_bytes: int) -> PermanentProviderError:
+        return PermanentProviderError(
+            f"{remote_path} on {self._where} is larger than {max_bytes} bytes; not fetched"
+        )

@@ -125,10 +125,13 @@ def _exited(attempt: JobAttempt, executor: ssh.RemoteExecutor, code: int) -> Non
     fresh = JobAttempt.objects.select_related("job").get(pk=attempt.pk)
     if fresh.ended_at is not None or fresh.job.status == JobStatus.FINALIZING:
         return
-    tail = bytearray()
+    tail = b""
     with contextlib.suppress(TransientProviderError, PermanentProviderError, OSError):
-        executor.fetch(f"{remote_dir(attempt, executor.address)}/executor.log", tail.extend)
-    text = bytes(tail[-LOG_TAIL_BYTES:]).decode("utf-8", "replace").strip()
+        # The end of the log only: the machine decides how large the log is.
+        tail = executor.tail("executor.log", LOG_TAIL_BYTES) or b""
+    # The machine wrote it: NULs (which PostgreSQL refuses in text) and other control bytes go.
+    text = "".join(c for c in tail.decode("utf-8", "replace") if c.isprintable() or c in "\n\t")
+    text = text.strip()
     attempt_end(
         attempt=fresh,
         reason=EndReason.INTERNAL_ERROR,

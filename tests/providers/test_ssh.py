@@ -20,6 +20,7 @@ import pytest
 from devsupport.processes import free_port
 from gpu_worker.datasets import DEMO_DATASET_PATH
 from gpu_worker.outcomes import ExitCode
+from providers import ssh
 from providers.errors import PermanentProviderError, TransientProviderError
 from providers.ssh import (
     HostKeyMismatch,
@@ -148,7 +149,7 @@ def test_nothing_started_reads_as_nothing(executor: Callable[..., RemoteExecutor
         ex.request_stop()
         assert not Path(ex.remote_dir).exists()  # nothing made by asking
         with pytest.raises(PermanentProviderError, match=r"/nonexistent/bundle\.tar"):
-            ex.fetch("/nonexistent/bundle.tar", lambda b: None)
+            ex.fetch("/nonexistent/bundle.tar", lambda b: None, max_bytes=1 << 20)
 
 
 def test_a_failing_setup_command_is_the_exit_and_the_log(
@@ -182,6 +183,61 @@ def test_read_events_leaves_a_torn_last_line_for_later(
         fh.write(b'pe":"log"}\n')
     got, end = ex.read_events(offset)
     assert got == [{"seq": 2, "type": "log"}] and end == events.stat().st_size
+
+
+def test_read_events_skips_a_line_longer_than_one_read(
+    executor: Callable[..., RemoteExecutor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line with no end within MAX_EVENTS_READ is skipped, not read again on every poll."""
+    monkeypatch.setattr(ssh, "MAX_EVENTS_READ", 4096)
+    events = tmp_path / "remote" / "events.jsonl"
+    events.parent.mkdir()
+    events.write_bytes(b"x" * 10_000 + b'\n{"seq":0,"type":"log"}\n')
+    ex = executor()
+    offset, got = 0, []
+    for _ in range(5):
+        batch, offset = ex.read_events(offset)
+        got += batch
+    assert got == [{"seq": 0, "type": "log"}] and offset == events.stat().st_size
+
+
+def test_tail_and_fetch_read_no_more_than_asked(
+    executor: Callable[..., RemoteExecutor], tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "big.log").write_bytes(b"a" * 5000 + b"the end\n")
+    with executor() as ex:
+        assert ex.tail("big.log", 8) == b"the end\n"
+        assert ex.tail("missing.log", 8) is None
+        got = bytearray()
+        with pytest.raises(PermanentProviderError, match="larger than 4096 bytes"):
+            ex.fetch(str(remote / "big.log"), got.extend, max_bytes=4096)
+        assert got == b""
+        assert ex.fetch(str(remote / "big.log"), got.extend, max_bytes=5008) == 5008
+
+
+def test_a_connection_receives_no_more_than_its_budget(
+    executor: Callable[..., RemoteExecutor], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever paramiko is asked to read, the connection stops past MAX_RECEIVED_BYTES."""
+    monkeypatch.setattr(ssh, "MAX_RECEIVED_BYTES", 256 << 10)
+    events = tmp_path / "remote" / "events.jsonl"
+    events.parent.mkdir()
+    events.write_bytes((b'{"seq":0,"type":"log","pad":"' + b"p" * 1000 + b'"}\n') * 2000)
+    with executor() as ex, pytest.raises(PermanentProviderError, match="more than 262144 bytes"):
+        ex.read_events(0)
+
+
+def test_a_command_that_outlives_its_deadline_is_transient(
+    executor: Callable[..., RemoteExecutor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COMMAND_TIMEOUT bounds the whole command, however slowly its output trickles."""
+    monkeypatch.setattr(ssh, "COMMAND_TIMEOUT", 1.0)
+    started = time.monotonic()
+    with executor() as ex, pytest.raises(TransientProviderError, match="ran past 1 s"):
+        ex._sh("while :; do echo .; sleep 0.2; done")
+    assert time.monotonic() - started < 5
 
 
 # --- the real executor over SSH -----------------------------------------------------------------
@@ -226,8 +282,7 @@ def test_the_executor_runs_detached_and_is_tailed_and_fetched(
 
     seen: list[dict] = []
     _poll(ex, seen, 0, lambda: ex.exit_code() is not None)
-    log = bytearray()
-    ex.fetch(str(remote / "executor.log"), log.extend)
+    log = ex.tail("executor.log", 1 << 20) or b""
     assert ex.exit_code() == ExitCode.SUCCEEDED, log.decode()[-3000:]
     assert ex.is_running() is False
 
@@ -239,7 +294,9 @@ def test_the_executor_runs_detached_and_is_tailed_and_fetched(
     final = [e for e in seen if e["type"] == "status"][-1]["data"]
 
     bundle = bytearray()
-    size = ex.fetch(str(remote / "out" / "adapter.tar"), bundle.extend, chunk=4096)
+    size = ex.fetch(
+        str(remote / "out" / "adapter.tar"), bundle.extend, max_bytes=64 << 20, chunk=4096
+    )
     assert size == len(bundle) == final["size"] > 0
     assert hashlib.sha256(bundle).hexdigest() == final["sha256"]
     assert '"status": "succeeded"' in log.decode()  # the executor's summary line
