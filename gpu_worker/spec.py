@@ -236,8 +236,11 @@ def validate_model_name(name: object) -> str:
 
     Accepts a hub id ``owner/name`` (letters, digits, '.', '_', '-'; each part at most 96
     characters, not starting with '-' or '.', no '..') or an absolute local path with no '..'
-    component and no whitespace or control characters (it is passed over SSH). Whether the
-    model exists is checked by the executor, not here. Raises SpecError(param='model').
+    component and no whitespace or control characters (it is passed over SSH). Nothing else:
+    ``./x``, ``../x`` and ``a/b/c`` are refused, so a relative path never passes as a model.
+    A hub id still reads as a relative path to transformers: the executor refuses one that
+    exists in its working directory (``backends.loading.model_reference``). Whether the model
+    exists is checked by the executor, not here. Raises SpecError(param='model').
     """
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"model must be a non-empty string (got {got(name)})", "model")

@@ -1,6 +1,6 @@
-"""What both backends share when they load a model: the hub token and the typed error a
-failed load becomes. Beside the backends, so they need nothing from the package that chooses
-between them."""
+"""What both backends share when they load a model: the reference they pass to
+``from_pretrained``, the hub token and the typed error a failed load becomes. Beside the
+backends, so they need nothing from the package that chooses between them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,26 @@ from gpu_worker.errors import INVALID_MODEL, OOM, ExecutorError
 
 if TYPE_CHECKING:
     from gpu_worker.spec import JobSpec
+
+
+def model_reference(spec: JobSpec) -> str:
+    """The model as ``from_pretrained`` must get it: an absolute path (a local model the
+    operator allowed) or a hub id that no local path can shadow.
+
+    transformers and Unsloth load any existing path first, and a hub id ``owner/name`` is
+    also a relative path: a folder of that name in the working directory (which the executor
+    shares with its downloads, checkpoints and, over SSH, its uploaded code) would be loaded in
+    place of the hub model. Such a folder is refused, not loaded."""
+    if spec.model.startswith("/"):
+        return spec.model
+    if os.path.lexists(spec.model):
+        raise ExecutorError(
+            INVALID_MODEL,
+            f"the hub id {spec.model!r} is also a path in the executor's working directory "
+            f"({os.getcwd()}); a hub id is never loaded from a local folder. Name a local model "
+            "by its absolute path (listed in the operator's TRAINHUB_ALLOWED_MODELS)",
+        )
+    return spec.model
 
 
 def hub_token(spec: JobSpec) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker.backends.loading import hub_token, model_load_error
+from gpu_worker.backends.loading import hub_token, model_load_error, model_reference
 from gpu_worker.errors import INVALID_MODEL, ExecutorError
 from gpu_worker.spec import ALL_LINEAR
 
@@ -50,9 +50,10 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
         )
         # A quantized model cannot be moved after loading, so place it now.
         kwargs["device_map"] = {"": 0} if torch.cuda.is_available() else "cpu"
+    reference = model_reference(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.model, token=token)
-        model = AutoModelForCausalLM.from_pretrained(spec.model, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(reference, token=token)
+        model = AutoModelForCausalLM.from_pretrained(reference, **kwargs)
     except Exception as exc:
         raise model_load_error(spec, exc) from exc
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker.backends.loading import hub_token, model_load_error
+from gpu_worker.backends.loading import hub_token, model_load_error, model_reference
 from gpu_worker.errors import INVALID_MODEL, ExecutorError
 from gpu_worker.spec import ALL_LINEAR, DEFAULT_TARGET_MODULES
 
@@ -21,9 +21,10 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
     from unsloth import FastLanguageModel
 
     adapter = spec.adapter
+    reference = model_reference(spec)
     try:
         model, tokenizer = FastLanguageModel.from_pretrained(
-            model_name=spec.model,  # hub id or local directory
+            model_name=reference,  # hub id or absolute local directory
             max_seq_length=spec.hyperparameters.max_seq_length,
             dtype=None,  # auto: bf16 where supported, else fp16
             load_in_4bit=adapter.type == "qlora",

@@ -324,6 +324,7 @@ def test_model_name_accepted(name: str, expected: str) -> None:
         "owner/../x", "owner/..", "owner/na..me", "owner /name", "owner/my model",
         "/models/my model", "/models/x\x00", "-owner/name", "owner/.name", "owner/-name",
         "owner/", "owner/name!", "o/" + "n" * 97, "models/x\\..\\y", "relative/../path",
+        "./x", "./owner/name", "../x/model", ".", "..", "~/models/x", "owner/name/",
     ],
 )  # fmt: skip
 def test_model_name_rejected(name: Any) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpu_worker import backends
+from gpu_worker.spec import JobSpec, parse_job_spec
+from tests.gpu_worker.conftest import spec_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,3 +81,27 @@ def test_the_choice_is_made_once_per_process(monkeypatch: pytest.MonkeyPatch) ->
     first = backends.select_backend()
     monkeypatch.setenv(backends.ENV_BACKEND, "unsloth")  # too late: already chosen
     assert backends.select_backend() == first
+
+
+def _spec_with_model(model: str, tmp_path: Path) -> JobSpec:
+    dataset = (tmp_path / "train.jsonl", "0" * 64)
+    return parse_job_spec(spec_dict(model, dataset, tmp_path / "out"))
+
+
+def test_a_hub_id_that_is_also_a_local_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers loads an existing path before asking the hub: a hub id must not be one."""
+    from gpu_worker.backends.loading import model_reference
+    from gpu_worker.errors import INVALID_MODEL, ExecutorError
+
+    monkeypatch.chdir(tmp_path)
+    assert model_reference(_spec_with_model("owner/name", tmp_path)) == "owner/name"
+    (tmp_path / "owner" / "name").mkdir(parents=True)
+    with pytest.raises(ExecutorError) as exc:
+        model_reference(_spec_with_model("owner/name", tmp_path))
+    assert exc.value.reason == INVALID_MODEL
+    assert "working directory" in str(exc.value) and str(tmp_path) in str(exc.value)
+    # An absolute path is a local model by intent (listed by the operator): passed as is.
+    absolute = str(tmp_path / "owner" / "name")
+    assert model_reference(_spec_with_model(absolute, tmp_path)) == absolute
