@@ -74,16 +74,21 @@ def clean_executor_event(raw: object) -> dict[str, Any] | None:
     if level not in LEVELS or not isinstance(data, Mapping):
         return None
     try:
-        oversized = len(json.dumps(data, default=str)) > MAX_EVENT_DATA_BYTES
+        text = json.dumps(data, default=str)
     except (TypeError, ValueError):  # not JSON at all (it came as JSON, so hardly)
-        oversized = True
-    if oversized:
+        text = ""
+    if not text or len(text) > MAX_EVENT_DATA_BYTES:
         data = {"data_dropped": f"over {MAX_EVENT_DATA_BYTES} bytes"}
+    elif "\\u0000" in text:  # PostgreSQL's jsonb refuses NUL characters
+        try:
+            data = json.loads(text.replace("\\u0000", ""))
+        except ValueError:  # the text held an escaped backslash before "u0000"
+            data = {"data_dropped": "held NUL characters"}
     return {
         "seq": seq,
         "type": type_,
         "level": level,
-        "message": str(raw.get("message", ""))[:MAX_MESSAGE_CHARS],
+        "message": str(raw.get("message", "")).replace("\x00", "")[:MAX_MESSAGE_CHARS],
         "data": dict(data),
     }
 

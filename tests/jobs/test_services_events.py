@@ -238,3 +238,12 @@ def test_concurrent_appenders_get_distinct_gap_free_numbers(make_job) -> None:
     assert JobEvent.objects.filter(job=job, attempt=1).count() == 10
     job.refresh_from_db()
     assert job.event_counter == numbers[-1]
+
+
+def test_nul_characters_from_a_machine_are_stripped_before_storing(job) -> None:
+    raw = {"seq": 0, "type": "log", "message": "a\x00b", "data": {"k\x00": "v\x00w"}}
+    cleaned = clean_executor_event(raw)
+    assert cleaned is not None
+    assert cleaned["message"] == "ab" and cleaned["data"] == {"k": "vw"}
+    [stored] = events_store(job=job, attempt=1, events=[cleaned])
+    assert JobEvent.objects.get(pk=stored.pk).data == {"k": "vw"}
