@@ -636,18 +636,7 @@ def main() -> int:
     if args.broker_url.rstrip("/").endswith("/1"):
         ap.error("--broker-url: Redis database 1 is the tests'; use another (default /3)")
 
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-    started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="trainhub-dispatch-"))
-    bench = Bench(args, tmp)
-    ok_run = False
-    try:
-        pg = database_recreate(args.url)
-        print(f"{machine(ROOT)}\n{pg}; broker {args.broker_url}; work dir {tmp}")
-        bench.start()
+    def measure(bench: Bench, started: float) -> None:
         print(f"ready after {time.monotonic() - started:.0f} s; timing {args.jobs} jobs...")
         tasks, warm, rows = 0, [], []
         for i in range(args.warmup + args.jobs):
@@ -662,6 +651,32 @@ def main() -> int:
             direct.append(bench.first_step_direct(job_id, n))
         report_dispatch(rows, warm, args.control_pool)
         report_first_step(fleet, direct)
+
+    return run_fleet_bench(Bench, args, "trainhub-dispatch-", measure)
+
+
+def run_fleet_bench(
+    bench_class: type[Bench],
+    args: argparse.Namespace,
+    tmp_prefix: str,
+    measure: Callable[[Any, float], None],
+) -> int:
+    """Recreate the database, start the processes, ``measure(bench, started)``, and always
+    stop them; on a BenchError print the processes' log tails. Returns the exit status."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+    bench = bench_class(args, tmp)
+    ok_run = False
+    try:
+        pg = database_recreate(args.url)
+        print(f"{machine(ROOT)}\n{pg}; broker {args.broker_url}; work dir {tmp}")
+        bench.start()
+        measure(bench, started)
         ok_run = True
     except BenchError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,15 +28,14 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import bench_database_url, database_recreate, machine
+from _common import bench_database_url
 from dispatch_latency import (
     DB_NAME,
     DEFAULT_BROKER,
     JOB_TIMEOUT,
-    ROOT,
     Bench,
-    BenchError,
     percentile,
+    run_fleet_bench,
     summary,
     wait_for,
 )
@@ -94,17 +90,7 @@ def main() -> int:
     if "dispatch_bench" not in urlsplit(args.url).path:
         ap.error(f"refusing to drop {args.url}: the database's name must contain 'dispatch_bench'")
 
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-    started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="trainhub-cancel-"))
-    bench = CancelBench(args, tmp)
-    ok = False
-    try:
-        print(f"{machine(ROOT)}\n{database_recreate(args.url)}; broker {args.broker_url}")
-        bench.start()
+    def measure(bench: CancelBench, started: float) -> None:
         print(f"ready after {time.monotonic() - started:.0f} s; timing {args.jobs} cancels...")
         seconds = [bench.cancel_one(tasks) for tasks in range(1, args.jobs + 1)]
         p95 = percentile(seconds, 95)
@@ -112,21 +98,8 @@ def main() -> int:
               f"{summary([s * 1000 for s in seconds])}")  # fmt: skip
         verdict = "PASS" if p95 <= GOAL_P95_S else "FAIL"
         print(f"goal p95 <= {GOAL_P95_S:.0f} s: {verdict} (p95 {p95:.2f} s)")
-        ok = True
-    except BenchError as exc:
-        print(f"\nerror: {exc}", file=sys.stderr)
-        for proc in bench.procs:
-            print(f"--- {proc.name} ({proc.log}) ---\n{proc.tail()}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-    finally:
-        bench.stop()
-        if args.keep_logs:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\ntotal run time {time.monotonic() - started:.0f} s")
-    return 0 if ok else 1
+
+    return run_fleet_bench(CancelBench, args, "trainhub-cancel-", measure)
 
 
 if __name__ == "__main__":

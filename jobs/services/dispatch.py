@@ -150,9 +150,7 @@ class Claimed:
 def attempt_claim(*, node: GpuNode, job_id: object, attempt_number: object) -> Claimed | None:
     """The node starts the attempt: its spec and report token once, for the live attempt
     dispatched to it; None for anything else (duplicate, outdated, cancelled, another's)."""
-    if not isinstance(job_id, str) or isinstance(attempt_number, bool):
-        return None
-    if not isinstance(attempt_number, int):
+    if not isinstance(job_id, str) or type(attempt_number) is not int:  # a JSON true is no int
         return None
     claimed = JobAttempt.objects.filter(
         job__public_id=job_id,
