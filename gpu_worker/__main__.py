@@ -10,7 +10,9 @@
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
 
 Stopping: SIGTERM or SIGINT, or the appearance of ``--cancel-file``, stops training within one
-optimizer step, removes the working files and exits 3. A second signal stops at once.
+optimizer step, removes the working files and exits 3. A second signal stops at once. A cancel
+file holding "pause" (gpu_worker.outcomes.StopMode) stops the same way after uploading a
+checkpoint of the last finished step, so the job's next attempt resumes there.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpu_worker.errors import Cancelled
-from gpu_worker.outcomes import ExitCode
+from gpu_worker.outcomes import ExitCode, StopMode
 
 log = logging.getLogger("gpu_worker")
 
@@ -77,11 +79,13 @@ def _load_spec(path: Path):  # type: ignore[no-untyped-def]
 
 
 class _StopFlag:
-    """SIGTERM/SIGINT and the cancel file, as the should_stop() that run() polls."""
+    """SIGTERM/SIGINT and the cancel file, as the should_stop() that run() polls: None to go
+    on, else how to stop (a signal is a cancel; the cancel file says cancel or pause)."""
 
     def __init__(self, cancel_file: Path | None) -> None:
         self.cancel_file = cancel_file
         self.event = threading.Event()
+        self.mode: StopMode | None = None
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.event.is_set():
@@ -89,11 +93,20 @@ class _StopFlag:
         log.warning("%s received: stopping after the current step", signal.Signals(signum).name)
         self.event.set()
 
-    def __call__(self) -> bool:
-        if not self.event.is_set() and self.cancel_file is not None and self.cancel_file.exists():
-            log.warning("cancel file %s found: stopping after the current step", self.cancel_file)
-            self.event.set()
-        return self.event.is_set()
+    def __call__(self) -> StopMode | None:
+        if not self.event.is_set() and self.cancel_file is not None:
+            mode = StopMode.of_file(self.cancel_file)
+            if mode is not None:
+                log.warning(
+                    "cancel file %s asks for a %s: stopping after the current step",
+                    self.cancel_file,
+                    mode,
+                )
+                self.mode = mode
+                self.event.set()
+        if not self.event.is_set():
+            return None
+        return self.mode or StopMode.CANCEL  # a signal is a cancel
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 | ``TRAINHUB_NODE_HEARTBEAT_SECONDS`` | heartbeat period (30) |
 | ``TRAINHUB_NODE_CONTROL_POLL_SECONDS`` | while an attempt runs: how often to ask for a cancel (2) |
 | ``TRAINHUB_NODE_CANCEL_GRACE_SECONDS`` | after a cancel: wait this for the executor to stop by itself, then SIGTERM, then as long again before SIGKILL (30) |
+| ``TRAINHUB_NODE_PAUSE_GRACE_SECONDS`` | after a pause: wait this for the executor to upload its checkpoint and stop, then SIGTERM as for a cancel (600) |
 | ``TRAINHUB_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS`` | checkpoint cadence passed to the executor |
 """
 
@@ -54,6 +55,8 @@ class NodeConfig:
     checkpoint_every_steps: int | None
     checkpoint_every_seconds: float | None
     gpus_override: str | None
+    # A pause uploads a checkpoint before the executor exits: it may take minutes on a large model.
+    pause_grace_seconds: float = 600.0
 
     @property
     def queue(self) -> str:
@@ -115,6 +118,7 @@ def config_from(env: dict[str, str]) -> NodeConfig:
         ),
         control_poll_seconds=float(env.get("TRAINHUB_NODE_CONTROL_POLL_SECONDS") or 2),
         cancel_grace_seconds=float(env.get("TRAINHUB_NODE_CANCEL_GRACE_SECONDS") or 30),
+        pause_grace_seconds=float(env.get("TRAINHUB_NODE_PAUSE_GRACE_SECONDS") or 600),
         checkpoint_every_steps=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_STEPS", int),
         checkpoint_every_seconds=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_SECONDS", float),
         gpus_override=env.get("TRAINHUB_NODE_GPUS"),

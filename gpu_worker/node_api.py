@@ -7,7 +7,9 @@ authenticated by its token (``Authorization: Bearer thn-…``):
 - ``POST nodes/<name>/claim/``: start the attempt; the answer holds its spec (signed URLs and
   all) and the report token its executor sends events with. Answered once per attempt.
 - ``POST nodes/<name>/heartbeat/``: alive (with the registration now and then, or "stopping");
-  the answer lists the attempts to cancel, so a cancel reaches a node that cannot publish.
+  the answer lists the attempts to stop (``{"job_id", "attempt", "mode"}``, mode "cancel" or
+  "pause"; absent from older control planes: cancel), so a stop reaches a node that cannot
+  publish.
 - ``POST nodes/<name>/attempts/<job_id>/<attempt>/events/``: the executor's event batches, with
   the attempt's report token (gpu_worker.sinks.HttpSink), not the node token.
 """
@@ -24,6 +26,7 @@ from typing import Any
 import requests
 
 from gpu_worker.node import NodeConfig
+from gpu_worker.outcomes import StopMode
 from gpu_worker.retrying import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -111,9 +114,9 @@ class NodeApi:
         registration: dict[str, Any] | None = None,
         running: tuple[str, int] | None = None,
         stopping: bool = False,
-    ) -> list[tuple[str, int]]:
-        """Say the node is alive; returns the attempts the control plane wants stopped
-        (``running``, what this node runs, among them once it is cancelled or ended)."""
+    ) -> dict[tuple[str, int], StopMode]:
+        """Say the node is alive; returns the attempts the control plane wants stopped, and how
+        (``running``, what this node runs, among them once it is cancelled, paused or ended)."""
         body: dict[str, Any] = {"stopping": stopping}
         if registration is not None:
             body["registration"] = registration
@@ -121,13 +124,17 @@ class NodeApi:
             body["running"] = list(running)
         resp = self._session.post(f"{self._base}/heartbeat/", json=body, timeout=TIMEOUT)
         resp.raise_for_status()
-        cancels = []
+        stops: dict[tuple[str, int], StopMode] = {}
         for item in resp.json().get("cancel", []):
             try:
-                cancels.append(checked_ids(item.get("job_id"), item.get("attempt")))
+                ids = checked_ids(item.get("job_id"), item.get("attempt"))
             except (AttributeError, ValueError) as exc:
                 log.warning("ignoring a malformed cancel %r: %s", item, exc)
-        return cancels
+                continue
+            # Anything but an explicit pause stops at once: the safe reading of an odd mode.
+            pause = item.get("mode") == StopMode.PAUSE
+            stops[ids] = StopMode.PAUSE if pause else StopMode.CANCEL
+        return stops
 
     def close(self) -> None:
         self._session.close()

@@ -9,9 +9,12 @@ neither the node's token nor the broker URL. The supervisor only speaks when the
 could not: a final status for an executor that died without one.
 
 Stopping: while the executor runs, the supervisor asks the control plane every
-``control_poll_seconds`` whether the attempt is cancelled (the heartbeat answer) and then
+``control_poll_seconds`` whether the attempt is to stop (the heartbeat answer) and then
 writes the attempt's cancel file, which stops the executor within one optimizer step by
-itself; after ``cancel_grace_seconds`` it gets SIGTERM, after as long again SIGKILL. The
+itself; after ``cancel_grace_seconds`` it gets SIGTERM, after as long again SIGKILL. A pause
+writes "pause" into the file: the executor uploads a checkpoint first, so its grace is
+``pause_grace_seconds``, and the supervisor keeps asking meanwhile (a cancel of the pausing
+job cuts the wait to the cancel's grace). The
 executor also dies with this process (``PR_SET_PDEATHSIG``), so killing the node never leaves a
 training running unowned.
 """
@@ -34,7 +37,7 @@ from typing import Any
 from gpu_worker.errors import INTERNAL_ERROR
 from gpu_worker.node import NodeConfig
 from gpu_worker.node_api import NodeApi, checked_ids, events_url
-from gpu_worker.outcomes import ExitCode, Outcome
+from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.sinks import HttpSink
 
 log = logging.getLogger(__name__)
@@ -87,7 +90,9 @@ def run(message: dict[str, Any], node: NodeConfig, api: NodeApi | None = None) -
             command, env=env, start_new_session=True, preexec_fn=_die_with_parent
         )
         watch = _CancelWatch(api, (job_id, attempt), cancel_file, node.control_poll_seconds)
-        code, signalled = _wait(proc, watch, node.cancel_grace_seconds)
+        code, signalled = _wait(
+            proc, watch, node.cancel_grace_seconds, pause_grace=node.pause_grace_seconds
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         cancel_file.unlink(missing_ok=True)
@@ -99,53 +104,74 @@ def run(message: dict[str, Any], node: NodeConfig, api: NodeApi | None = None) -
 
 class _CancelWatch:
     """Asks the control plane, at most every ``period`` seconds, whether the attempt is to
-    stop; a yes writes the cancel file (which the executor watches). A failed ask is retried
-    on the next tick: the lease, not this, covers a control plane that stays away."""
+    stop, and how; a new answer writes the cancel file (which the executor watches). A cancel
+    overrides a pause, never the reverse, and ends the asking. A failed ask is retried on the
+    next tick: the lease, not this, covers a control plane that stays away."""
 
     def __init__(
         self, api: NodeApi, attempt: tuple[str, int], cancel_file: Path, period: float
     ) -> None:
         self.api, self.attempt, self.cancel_file, self.period = api, attempt, cancel_file, period
         self._next = 0.0
+        self.mode: StopMode | None = None
 
-    def requested(self) -> bool:
-        if self.cancel_file.exists():
-            return True
+    def requested(self) -> StopMode | None:
+        """The stop asked for so far; None while the executor is to go on."""
+        if self.mode is not StopMode.CANCEL:
+            self.mode = StopMode.of_file(self.cancel_file) or self.mode
+        if self.mode is not StopMode.CANCEL:
+            self._ask()
+        return self.mode
+
+    def _ask(self) -> None:
         now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.period
-            try:
-                cancels = self.api.heartbeat(running=self.attempt)
-            except Exception as exc:  # network trouble: ask again next tick
-                log.warning("could not ask the control plane for cancels: %s", exc)
-                return False
-            if self.attempt in cancels:
-                log.warning("cancel requested for %s attempt %s", *self.attempt)
-                self.cancel_file.touch()
-                return True
-        return False
+        if now < self._next:
+            return
+        self._next = now + self.period
+        try:
+            stops = self.api.heartbeat(running=self.attempt)
+        except Exception as exc:  # network trouble: ask again next tick
+            log.warning("could not ask the control plane for cancels: %s", exc)
+            return
+        mode = stops.get(self.attempt)
+        if mode is not None and mode is not self.mode:
+            log.warning("%s requested for %s attempt %s", mode, *self.attempt)
+            mode.write_file(self.cancel_file)
+            self.mode = mode
 
 
-def _wait(proc: subprocess.Popen[bytes], watch: _CancelWatch, grace: float) -> tuple[int, bool]:
-    """Wait for the executor, escalating after a cancel; returns (exit code, signalled by us).
+def _wait(
+    proc: subprocess.Popen[bytes],
+    watch: _CancelWatch,
+    grace: float,
+    *,
+    pause_grace: float | None = None,
+) -> tuple[int, bool]:
+    """Wait for the executor, escalating after a stop request; returns (exit code, signalled
+    by us). The grace runs from the request (a pause's from the pause, a cancel's from the
+    cancel, even of a pausing executor).
 
     A signalled executor may die without its final status (SIGKILL, or SIGTERM before its
     handler is installed, during the imports): that end is still the cancel's."""
-    asked = termed = None
+    asked: float | None = None
+    termed: float | None = None
+    mode: StopMode | None = None
     while True:
         try:
             return proc.wait(timeout=0.5), termed is not None
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
-        if asked is None:
-            if watch.requested():
-                asked = now
-        elif termed is None and now - asked > grace:
-            log.warning("executor still running %.0f s after the cancel: SIGTERM", grace)
-            _signal_group(proc, signal.SIGTERM)
-            termed = now
-        elif termed is not None and now - termed > grace:
+        if termed is None:
+            seen = watch.requested()
+            if seen is not None and seen is not mode:
+                mode, asked = seen, now
+            limit = pause_grace if mode is StopMode.PAUSE and pause_grace is not None else grace
+            if asked is not None and now - asked > limit:
+                log.warning("executor still running %.0f s after the %s: SIGTERM", limit, mode)
+                _signal_group(proc, signal.SIGTERM)
+                termed = now
+        elif now - termed > grace:
             log.warning("executor ignored SIGTERM for %.0f s: SIGKILL", grace)
             _signal_group(proc, signal.SIGKILL)
 

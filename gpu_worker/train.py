@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import shutil
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +51,7 @@ from gpu_worker.formatting import (
 )
 from gpu_worker.outcomes import ExitCode, Outcome
 from gpu_worker.packaging import final_metrics, package_adapter
-from gpu_worker.trainer import StopGuard, build_trainer, train_with_oom_hint
+from gpu_worker.trainer import StopGuard, StopProbe, build_trainer, train_with_oom_hint
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
@@ -93,7 +93,7 @@ def run(
     *,
     reporter: Reporter,
     workdir: Path,
-    should_stop: Callable[[], bool] | None = None,
+    should_stop: StopProbe | None = None,
     callbacks: Sequence[Any] = (),
     checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS,
     checkpoint_every_seconds: float | None = DEFAULT_CHECKPOINT_EVERY_SECONDS,
@@ -101,8 +101,9 @@ def run(
     """Run one attempt of ``spec``; report progress and the outcome through ``reporter``.
 
     ``should_stop`` is polled after every optimizer step (and between download chunks): once it
-    returns True the run stops within one step, removes what it wrote and returns
-    ``cancelled``. ``callbacks`` are extra ``transformers.TrainerCallback`` objects (benchmarks,
+    returns something true the run stops within one step, removes what it wrote and returns
+    ``cancelled``; when that is ``StopMode.PAUSE`` it first uploads a checkpoint of the last
+    finished step (if training got past the newest checkpoint). ``callbacks`` are extra ``transformers.TrainerCallback`` objects (benchmarks,
     tests). The caller owns the reporter's lifecycle (start/close).
     """
     stop = StopGuard(should_stop, spec.max_runtime_seconds)

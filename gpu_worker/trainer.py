@@ -14,6 +14,7 @@ from gpu_worker import backends, checkpoints
 from gpu_worker.backends.loading import is_oom
 from gpu_worker.errors import CANCELLED, OOM, TIMEOUT, Cancelled, ExecutorError
 from gpu_worker.formatting import PadCollator, pad_token_id
+from gpu_worker.outcomes import StopMode
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
@@ -22,31 +23,42 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class StopGuard:
-    """Answers "should training stop, and why" (cancel request or max_runtime); sticky."""
+# What the executor polls for a stop: falsy to go on; truthy to stop; StopMode.PAUSE to stop
+# after saving a checkpoint.
+StopProbe = Callable[[], "bool | StopMode | None"]
 
-    def __init__(self, should_stop: Callable[[], bool] | None, max_runtime: float) -> None:
+
+class StopGuard:
+    """Answers "should training stop, and why" (cancel request or max_runtime); sticky.
+    ``pausing``: the stop was a pause, so the last finished step is checkpointed first."""
+
+    def __init__(self, should_stop: StopProbe | None, max_runtime: float) -> None:
         self._should_stop = should_stop
         self.max_runtime = max_runtime
         self.started = time.monotonic()
         self.deadline = self.started + max_runtime
         self.reason: str | None = None
+        self.pausing = False
 
     def check(self) -> str | None:
         if self.reason is None:
             try:
-                cancelled = bool(self._should_stop and self._should_stop())
+                requested = self._should_stop() if self._should_stop else None
             except Exception:  # a broken probe must not kill a training run
                 log.exception("should_stop() raised; treated as not stopping")
-                cancelled = False
-            if cancelled:
+                requested = None
+            if requested:
                 self.reason = CANCELLED
+                self.pausing = requested == StopMode.PAUSE
             elif time.monotonic() >= self.deadline:
                 self.reason = TIMEOUT
         return self.reason
 
     def raise_if_stopped(self, where: str, step: int | None = None) -> None:
         reason = self.check()
+        if reason == CANCELLED and self.pausing:
+            at = f" after step {step}" if step is not None else ""
+            raise Cancelled(f"Paused {where}{at}.")
         if reason == CANCELLED:
             raise Cancelled(f"Cancelled {where}.")
         if reason == TIMEOUT:
@@ -114,12 +126,14 @@ def make_callback(
                     eval_loss=float(logs["eval_loss"]),
                 )
 
-        def _check_stop(self, control: TrainerControl) -> str | None:
+        def _check_stop(self, control: TrainerControl, state: TrainerState) -> str | None:
             reason = stop.check()
             if reason is not None:
                 self.stop_reason = reason
                 control.should_training_stop = True
-                control.should_save = False
+                # A pause keeps the work done: the Trainer saves the last finished step (on_save
+                # ships it) before it exits; once per step, and never a step already shipped.
+                control.should_save = stop.pausing and state.global_step > checkpointer.last_step
                 control.should_evaluate = False
             return reason
 
@@ -130,7 +144,7 @@ def make_callback(
             control: TrainerControl,
             **kwargs: Any,
         ) -> TrainerControl:
-            if self._check_stop(control) is None and checkpointer.due(
+            if self._check_stop(control, state) is None and checkpointer.due(
                 state.global_step, state.max_steps
             ):
                 control.should_save = True
@@ -143,7 +157,9 @@ def make_callback(
             control: TrainerControl,
             **kwargs: Any,
         ) -> TrainerControl:
-            self._check_stop(control)  # mid-accumulation: drop the partial step
+            # Mid-accumulation: drop the partial step. A pause's save comes at the epoch end
+            # the Trainer runs next: of the last finished step, which is consistent.
+            self._check_stop(control, state)
             return control
 
         def on_epoch_end(
@@ -153,7 +169,7 @@ def make_callback(
             control: TrainerControl,
             **kwargs: Any,
         ) -> TrainerControl:
-            self._check_stop(control)  # no end-of-epoch evaluation or save once stopping
+            self._check_stop(control, state)  # no end-of-epoch evaluation once stopping
             return control
 
         def on_save(

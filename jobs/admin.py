@@ -30,6 +30,7 @@ STATUS_COLORS = {
     "failed": "#cf222e",
     "cancelled": "#6e7781",
     "cancelling": "#9a6700",
+    "paused": "#9a6700",
     "running": "#0969da",
     "finalizing": "#0969da",
     "provisioning": "#8250df",
@@ -111,6 +112,16 @@ def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Qu
     _run_service(modeladmin, request, queryset, job_services.job_cancel, "Cancelled")
 
 
+@admin.action(description="Pause selected jobs")
+def pause_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _run_service(modeladmin, request, queryset, job_services.job_pause, "Paused")
+
+
+@admin.action(description="Resume selected jobs")
+def resume_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    _run_service(modeladmin, request, queryset, job_services.job_resume, "Resumed")
+
+
 @admin.action(description="Retry selected jobs")
 def retry_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     _run_service(modeladmin, request, queryset, job_services.job_retry, "Requeued")
@@ -132,7 +143,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
     search_fields = ("public_id", "model", "suffix", "project__slug")
     list_select_related = ("project",)
     inlines = [AttemptInline, EventInline]
-    actions = [cancel_jobs, retry_jobs]
+    actions = [cancel_jobs, pause_jobs, resume_jobs, retry_jobs]
     # Operators may reprioritise a queued job; everything else goes through the services.
     readonly_fields = [f.name for f in TrainingJob._meta.fields if f.name != "priority"]
 

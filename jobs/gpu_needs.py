@@ -31,6 +31,10 @@ def _bad(message: str, param: str) -> InvalidRequest:
     return InvalidRequest(message, code="invalid_value", param=param)
 
 
+def _printable_ascii(text: str) -> bool:
+    return text.isascii() and text.isprintable()  # GPU names are ASCII; so is their glob
+
+
 def parse_gpu(data: object) -> dict[str, Any]:
     """Validate a job's ``gpu`` needs; returns them normalised (absent keys left out)."""
     if data is None:
@@ -53,7 +57,7 @@ def parse_gpu(data: object) -> dict[str, Any]:
         out["min_vram_gb"] = vram
     name = data.get("name")
     if name is not None:
-        if not isinstance(name, str) or not 0 < len(name) <= 100 or not name.isprintable():
+        if not isinstance(name, str) or not 0 < len(name) <= 100 or not _printable_ascii(name):
             raise _bad(
                 'gpu.name must be a GPU name or glob such as "*H100*" (1-100 characters).',
                 "gpu.name",

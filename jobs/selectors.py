@@ -4,9 +4,12 @@ pages cost the same as the first."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from django.db.models import QuerySet
+from django.db.models.fields.json import KeyTextTransform
 
+from jobs import result_files
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import (
     Artifact,
@@ -35,7 +38,7 @@ def _is_number(value: str) -> bool:
 
 
 def parse_limit(raw: str | None, default: int = 20) -> int:
-    if raw in (None, ""):
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -86,12 +89,39 @@ def job_get(*, project: Project, job_id: str) -> TrainingJob:
     return job
 
 
+def parse_metadata_filter(query: Mapping[str, str]) -> dict[str, str]:
+    """``?metadata[key]=value`` pairs (how OpenAI's SDK sends a metadata filter)."""
+    pairs = {}
+    for name, value in query.items():
+        if name.startswith("metadata[") and name.endswith("]"):
+            key = name[len("metadata[") : -1]
+            if not key or "\x00" in key + value:
+                raise InvalidRequest(
+                    "metadata filters are metadata[<key>]=<value>.",
+                    code="invalid_value",
+                    param="metadata",
+                )
+            pairs[key] = value
+    return pairs
+
+
 def job_list(
-    *, project: Project, status: str | None, target: str | None, after: str | None, limit: int
+    *,
+    project: Project,
+    status: str | None,
+    target: str | None,
+    after: str | None,
+    limit: int,
+    metadata: Mapping[str, str] | None = None,
 ) -> tuple[list[TrainingJob], bool]:
     qs = TrainingJob.objects.select_related("project", "training_file", "validation_file").filter(
         project=project
     )
+    for i, (key, value) in enumerate((metadata or {}).items()):
+        # A key transform per pair (not JSON containment, which SQLite lacks); any key works.
+        qs = qs.alias(**{f"_meta{i}": KeyTextTransform(key, "metadata")}).filter(
+            **{f"_meta{i}": value}
+        )
     if status:
         if status not in JobStatus.__members__.values():
             raise InvalidRequest(
@@ -127,6 +157,44 @@ def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list
     return _page(qs.order_by("number"), limit)
 
 
+def checkpoint_list(
+    *, job: TrainingJob, after: str | None, limit: int
+) -> tuple[list[tuple[JobEvent, dict]], bool]:
+    """The job's stored checkpoints, newest first, each with the metrics logged at or before
+    its step. An attempt keeps only its newest checkpoint (its slot is overwritten), so there
+    is one per attempt that saved any. ``after``: the id of the last checkpoint of a page."""
+    saved = JobEvent.objects.filter(job=job, type="checkpoint").order_by("attempt", "number")
+    newest = {e.attempt: e for e in saved}  # the last one of each attempt wins
+    rows = sorted(newest.values(), key=lambda e: -e.number)
+    if after:
+        prefix = f"ftckpt-{job.public_id.removeprefix('ftjob-')}-"
+        number = after.removeprefix(prefix)
+        if not after.startswith(prefix) or not _is_number(number):
+            raise InvalidRequest(
+                f"after: '{after}' is not a checkpoint of this job.",
+                code="invalid_value",
+                param="after",
+            )
+        rows = [e for e in rows if e.number < int(number)]
+    page = rows[:limit]
+    return [(e, _metrics_before(e)) for e in page], len(rows) > limit
+
+
+def _metrics_before(checkpoint: JobEvent) -> dict:
+    found = (
+        JobEvent.objects.filter(
+            job_id=checkpoint.job_id,
+            attempt=checkpoint.attempt,
+            type="metrics",
+            number__lt=checkpoint.number,
+        )
+        .order_by("-number")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return found if isinstance(found, dict) else {}
+
+
 def file_get(*, project: Project, file_id: str) -> TrainingFile:
     found = (
         TrainingFile.objects.filter(project=project, public_id=file_id).first()
@@ -139,10 +207,23 @@ def file_get(*, project: Project, file_id: str) -> TrainingFile:
 
 
 def file_list(
-    *, project: Project, after: str | None, limit: int
+    *, project: Project, after: str | None, limit: int, purpose: str | None = None
 ) -> tuple[list[TrainingFile], bool]:
     qs = TrainingFile.objects.filter(project=project)
+    if purpose:
+        qs = qs.filter(purpose=purpose) if _is_token(purpose) else qs.none()
     return _newest_first_page(qs, project=project, after=after, limit=limit, noun="file")
+
+
+def result_file_get(project: Project, file_id: str) -> result_files.ResultFile:
+    found = (
+        result_files.result_file_get(project=project, file_id=file_id)
+        if _is_token(file_id)
+        else None
+    )
+    if found is None:
+        raise NotFound(f"No file '{file_id}'.", code="file_not_found")
+    return found
 
 
 def artifact_list(*, job: TrainingJob) -> list[Artifact]:

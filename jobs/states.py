@@ -19,22 +19,33 @@ class JobStatus(enum.StrEnum):
     FAILED = "failed"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
+    # Stopped by the user after saving a checkpoint; resume queues it again (OpenAI's pause).
+    PAUSED = "paused"
 
 
 S = JobStatus
 TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+# Paused counts as live: it counts against the project's concurrent-job limit (so resume never
+# has to refuse for the limit, and pausing is no way around it) and it keeps its files in use.
 LIVE: frozenset[JobStatus] = frozenset(set(S) - TERMINAL)
-# Statuses in which an attempt may be holding a machine.
+# Statuses in which an attempt may be holding a machine. Not paused: a paused job's last
+# attempt may still be saving its checkpoint, but its machine is being stopped and no new one
+# starts until resume.
 ATTEMPT_ACTIVE: frozenset[JobStatus] = frozenset(
     {S.PROVISIONING, S.RUNNING, S.FINALIZING, S.CANCELLING}
 )
 
 # to-status -> the statuses it may be entered from
 ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
-    S.QUEUED: frozenset({S.VALIDATING_FILES, S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLED}),
+    S.QUEUED: frozenset(
+        {S.VALIDATING_FILES, S.PROVISIONING, S.RUNNING, S.FAILED, S.CANCELLED, S.PAUSED}
+    ),
     S.PROVISIONING: frozenset({S.QUEUED}),
     S.RUNNING: frozenset({S.PROVISIONING}),
-    S.FINALIZING: frozenset({S.RUNNING}),
+    # An attempt not yet training can be paused too: it is stopped before it starts.
+    S.PAUSED: frozenset({S.PROVISIONING, S.RUNNING}),
+    # paused: the run finished before the pause reached it; its adapter is kept.
+    S.FINALIZING: frozenset({S.RUNNING, S.PAUSED}),
     S.SUCCEEDED: frozenset({S.FINALIZING}),
     S.FAILED: LIVE,
     S.CANCELLING: LIVE - {S.CANCELLING},
@@ -63,6 +74,9 @@ class EndReason(enum.StrEnum):
 
     SUCCEEDED = "succeeded"
     CANCELLED = "cancelled"
+    # stopped by a pause (after saving a checkpoint where the executor could): the job waits
+    # for resume, and this attempt does not count against max_attempts
+    PAUSED = "paused"
     # lost: the job goes back to the queue while attempts remain
     WORKER_LOST = "worker_lost"
     LEASE_EXPIRED = "lease_expired"

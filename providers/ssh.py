@@ -11,7 +11,8 @@ after the control plane crashed and restarted::
       pid               the detached run's pid (= its process group); its presence means started
       events.jsonl      the JsonlSink's events, tailed by byte offset (read_events)
       executor.log      stdout + stderr of the executor
-      cancel            made by request_stop; the executor polls it between steps
+      cancel            made by request_stop; the executor polls it between steps ("pause" in it:
+                        the executor uploads a checkpoint before it stops)
       exit_code         written (tmp + rename) after the executor exits: never seen half-written
 
 The run is started with ``setsid nohup`` in a wrapper shell, so it survives the SSH session (and
@@ -419,13 +420,20 @@ class RemoteExecutor:
         )
         return self._sh(script) == 0
 
-    def request_stop(self) -> None:
+    def request_stop(self, *, pause: bool = False) -> None:
         """Ask the run to stop (exit 3 after the current step); harmless when repeated, before
         the start (which then stops at once) or after the end. The cancel file only: a SIGTERM
         landing before the executor installs its handler or after it restores them would kill
-        it (exit 143, no "cancelled" event, even after an upload), and a second means "now"."""
-        d = shlex.quote(self.remote_dir)
-        self._sh(f"[ ! -d {d} ] || : > {shlex.quote(self._path('cancel'))}")
+        it (exit 143, no "cancelled" event, even after an upload), and a second means "now".
+        ``pause``: "pause" in the file (written whole: tmp + rename), so the executor uploads
+        a checkpoint first; a cancel already asked for is left as it is."""
+        d, cancel = shlex.quote(self.remote_dir), shlex.quote(self._path("cancel"))
+        if pause:
+            tmp = shlex.quote(self._path("cancel.tmp"))
+            write = f"[ -e {cancel} ] || {{ printf pause > {tmp} && mv -f {tmp} {cancel}; }}"
+        else:
+            write = f": > {cancel}"
+        self._sh(f"[ ! -d {d} ] || {write}")
 
     def fetch(
         self,

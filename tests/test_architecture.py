@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Bottom to top. A module may import modules of the layers below its own, never above or beside.
 SERVICE_LAYERS: list[tuple[str, set[str]]] = [
-    ("foundations", {"events", "messages", "costs", "projects", "specs", "webhooks"}),
+    (
+        "foundations",
+        {"events", "messages", "costs", "projects", "specs", "webhooks", "job_request"},
+    ),
     ("job status and node identity", {"status", "nodes", "retention", "targets"}),
     ("attempts and offers", {"attempts", "offers"}),
     ("lifecycles", {"jobs", "dispatch", "remote", "stopping", "artifacts", "reconcile"}),

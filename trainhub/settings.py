@@ -42,6 +42,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "jobs.api.middleware.one_value_per_query_parameter",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -273,6 +274,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Self-hosted control plane for LLM fine-tuning (OpenAI-compatible shapes).",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # 3.1: JSON Schema 2020-12, so the executor spec's own schemas (adapter, hyperparameters)
+    # are the API's components as they are.
+    "OAS_VERSION": "3.1.0",
+    "PREPROCESSING_HOOKS": ["jobs.api.schema.canonical_paths_only"],
+    # Enums stay inline: a shared component per enum would merge the many "object"/"type" fields.
+    "POSTPROCESSING_HOOKS": ["jobs.api.schema.closed_request_bodies"],
 }
 
 LOGGING = {

@@ -7,6 +7,7 @@ from jobs.storage import transfer
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
+    path("v1/", include("jobs.api.openai_urls")),  # OpenAI's base URL shape
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("transfer/", transfer.transfer_view, name="transfer"),

@@ -18,6 +18,8 @@ from rest_framework.views import APIView
 
 from jobs import selectors
 from jobs.api import presenters as p
+from jobs.api import serializers as sz
+from jobs.api.schema import responses
 from jobs.api.views import JSONBodyParser, _body
 from jobs.errors import Conflict, InvalidRequest, ServiceError
 from jobs.models import GpuNode
@@ -41,15 +43,24 @@ class NodeListView(APIView):
     permission_classes = [OperatorPermission]
     parser_classes = [JSONBodyParser]
 
-    @extend_schema(operation_id="nodes_list", responses=dict)
+    @extend_schema(
+        operation_id="nodes_list",
+        tags=["nodes (operators)"],
+        responses=responses({200: sz.NodeList}, 403),
+    )
     def get(self, request: Request) -> Response:
         return Response(p.page_json([p.node_json(n) for n in selectors.node_list()], False))
 
-    @extend_schema(request=dict, responses=dict)
+    @extend_schema(
+        operation_id="nodes_create",
+        tags=["nodes (operators)"],
+        request=sz.NodeCreate,
+        responses=responses({201: sz.NodeCreated}, 400, 403, 409, 413),
+    )
     def post(self, request: Request) -> Response:
         """Create a node; the response carries its token, shown this once."""
         node, token = node_services.node_create(
-            name=_body(request).get("name"), actor=request.user.get_username()
+            name=_body(request, ("name",)).get("name"), actor=request.user.get_username()
         )
         return Response({**p.node_json(node), "token": token}, status=status.HTTP_201_CREATED)
 
@@ -57,11 +68,19 @@ class NodeListView(APIView):
 class NodeDetailView(APIView):
     permission_classes = [OperatorPermission]
 
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="nodes_retrieve",
+        tags=["nodes (operators)"],
+        responses=responses({200: sz.Node}, 403, 404),
+    )
     def get(self, request: Request, name: str) -> Response:
         return Response(p.node_json(node_services.node_get(name=name)))
 
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="nodes_delete",
+        tags=["nodes (operators)"],
+        responses=responses({200: sz.Deleted}, 403, 404, 409),
+    )
     def delete(self, request: Request, name: str) -> Response:
         node = node_services.node_get(name=name)
         node_services.node_delete(node=node, actor=request.user.get_username())
@@ -75,7 +94,11 @@ class NodeActionView(APIView):
     post_action = "change"
     action = ""
 
-    @extend_schema(request=None, responses=dict)
+    @extend_schema(
+        tags=["nodes (operators)"],
+        request=None,
+        responses=responses({200: sz.NodeChanged}, 403, 404, 409),
+    )
     def post(self, request: Request, name: str) -> Response:
         node = node_services.node_get(name=name)
         actor = request.user.get_username()
@@ -91,7 +114,11 @@ class NodeActionView(APIView):
 class NodeEventListView(APIView):
     permission_classes = [OperatorPermission]
 
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="nodes_events_list",
+        tags=["nodes (operators)"],
+        responses=responses({200: sz.NodeEventList}, 403, 404),
+    )
     def get(self, request: Request, name: str) -> Response:
         rows = selectors.node_event_list(name=name)
         return Response(p.page_json([p.node_event_json(e) for e in rows], False))
@@ -123,7 +150,12 @@ class NodeClaimView(_NodeView):
     ``{"spec", "report_token"}`` once, for the live attempt sent to that node; 409 for a
     duplicate, outdated, cancelled or another node's one (the node then drops the message)."""
 
-    @extend_schema(request=dict, responses=dict)
+    @extend_schema(
+        operation_id="node_claim",
+        tags=["node agent"],
+        request=sz.NodeClaim,
+        responses=responses({200: sz.NodeClaimed}, 400, 404, 409, 413),
+    )
     def post(self, request: Request, name: str) -> Response:
         node = _node(request, name)
         body = _body(request)
@@ -143,7 +175,12 @@ class NodeHeartbeatView(_NodeView):
     alive (registering now and then, or saying goodbye). The answer lists the attempts it must
     stop, ``{"cancel": [{"job_id", "attempt"}]}``: nodes cannot be sent anything else."""
 
-    @extend_schema(request=dict, responses=dict)
+    @extend_schema(
+        operation_id="node_heartbeat",
+        tags=["node agent"],
+        request=sz.NodeHeartbeat,
+        responses=responses({200: sz.NodeHeartbeatAnswer}, 400, 404, 413),
+    )
     def post(self, request: Request, name: str) -> Response:
         node = _node(request, name)
         body = _body(request)
@@ -173,7 +210,12 @@ class NodeAttemptEventsView(_NodeView):
     attempt's report token: the executor's progress. 403 for a token not issued for this very
     attempt of this node (another node's, another attempt's, a forged one)."""
 
-    @extend_schema(request=dict, responses=dict)
+    @extend_schema(
+        operation_id="node_attempt_events",
+        tags=["node agent"],
+        request=sz.NodeEvents,
+        responses=responses({200: sz.NodeEventsStored}, 400, 403, 404, 413),
+    )
     def post(self, request: Request, name: str, job_id: str, attempt: int) -> Response:
         allowed = dispatch.attempt_for_report(
             node_name=name, job_id=job_id, attempt_number=attempt, token=_bearer(request)

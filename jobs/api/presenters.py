@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -16,7 +17,9 @@ from jobs.models import (
     TrainingFile,
     TrainingJob,
 )
-from jobs.states import WaitCode
+from jobs.result_files import ADAPTER, PURPOSE, ResultFile, adapter_of, result_file_ids
+from jobs.services.job_request import BASE_LEARNING_RATE
+from jobs.states import JobStatus, WaitCode
 
 # Why a job waits, as its project may read it. The dispatcher words a wait on the own fleet
 # with node names and states (for operators: admin, node API), which would tell every tenant
@@ -88,7 +91,34 @@ def tenant_waiting_reason(reason: str, code: str | None = None) -> str:
     return WAITING_GENERIC
 
 
+def fine_tuned_model(j: TrainingJob) -> str | None:
+    """OpenAI's ``ft:<base>:<org>:<suffix>:<id>`` name of a succeeded job's adapter."""
+    if j.status != JobStatus.SUCCEEDED:
+        return None
+    return f"ft:{j.model}:{j.project.slug}:{j.suffix}:{j.public_id.removeprefix('ftjob-')}"
+
+
+def estimated_finish(j: TrainingJob) -> int | None:
+    """When a running job should end at its pace so far (steps done / time since start)."""
+    m = j.latest_metrics or {}
+    step, total = m.get("step"), m.get("total_steps")
+    if j.status != JobStatus.RUNNING or not j.started_at or not isinstance(step, int):
+        return None
+    if not isinstance(total, int) or not 0 < step <= total:
+        return None
+    elapsed = time.time() - j.started_at.timestamp()
+    return int(j.started_at.timestamp() + elapsed * total / step)
+
+
+def hyperparameters_json(hyper: dict[str, Any]) -> dict[str, Any]:
+    """trainhub's resolved hyperparameters, with OpenAI's learning_rate_multiplier beside them."""
+    rate = hyper.get("learning_rate")
+    multiplier = round(rate / BASE_LEARNING_RATE, 6) if isinstance(rate, int | float) else None
+    return {**hyper, "learning_rate_multiplier": multiplier}
+
+
 def job_json(j: TrainingJob) -> dict[str, Any]:
+    hyper = hyperparameters_json(j.hyperparameters)
     return {
         "id": j.public_id,
         "object": "fine_tuning.job",
@@ -96,17 +126,23 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "created_at": ts(j.created_at),
         "started_at": ts(j.started_at),
         "finished_at": ts(j.finished_at),
-        "fine_tuned_model": None,
+        "estimated_finish": estimated_finish(j),
+        "fine_tuned_model": fine_tuned_model(j),
         "organization_id": j.project.slug,
         "status": j.status,
         "training_file": j.training_file.public_id,
         "validation_file": j.validation_file.public_id if j.validation_file else None,
-        "method": {"type": "supervised"},
+        "result_files": result_file_ids(j),
+        "method": {"type": "supervised", "supervised": {"hyperparameters": hyper}},
+        "hyperparameters": hyper,
         "adapter": j.adapter,
-        "hyperparameters": j.hyperparameters,
         "seed": j.seed,
         "suffix": j.suffix or None,
+        "user_provided_suffix": j.suffix or None,
+        "metadata": j.metadata or None,
+        "integrations": [],
         "target": j.target,
+        "priority": j.priority,
         "max_runtime_seconds": j.max_runtime_seconds,
         "max_attempts": j.max_attempts,
         "gpu": j.gpu,
@@ -139,6 +175,67 @@ def event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
         "message": message,
         "data": e.data,
         "attempt": e.attempt,
+    }
+
+
+def openai_event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
+    """An event as OpenAI's clients read it: ``type`` is ``metrics`` (data: step, train_loss,
+    valid_loss, learning_rate, total_steps, ...) or ``message``; trainhub's own kind (status,
+    log, checkpoint, artifact, error, metrics) stays readable as ``kind``."""
+    out = event_json(e, job_public_id)
+    data = e.data if isinstance(e.data, dict) else {}
+    if e.type == "metrics":
+        out["data"] = {**data, "train_loss": data.get("loss"), "learning_rate": data.get("lr")}
+    elif e.type == "log" and "eval_loss" in data:  # a validation loss is a metric to OpenAI
+        out["data"] = {**data, "valid_loss": data["eval_loss"]}
+    else:
+        return {**out, "type": "message", "kind": e.type}
+    return {**out, "type": "metrics", "kind": e.type}
+
+
+def checkpoint_id(job_public_id: str, event_number: int) -> str:
+    return f"ftckpt-{job_public_id.removeprefix('ftjob-')}-{event_number}"
+
+
+def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> dict[str, Any]:
+    """A stored checkpoint (the newest of its attempt), in OpenAI's checkpoint shape."""
+    step = e.data.get("step") if isinstance(e.data, dict) else None
+    base = fine_tuned_model(job) or f"ft:{job.model}:{job.project.slug}:{job.suffix}:" + (
+        job.public_id.removeprefix("ftjob-")
+    )
+    return {
+        "id": checkpoint_id(job.public_id, e.number),
+        "object": "fine_tuning.job.checkpoint",
+        "created_at": ts(e.created_at),
+        "fine_tuning_job_id": job.public_id,
+        "fine_tuned_model_checkpoint": f"{base}:ckpt-step-{step}",
+        "step_number": step,
+        "attempt": e.attempt,
+        "metrics": {
+            "step": step,
+            "train_loss": metrics.get("loss"),
+            "learning_rate": metrics.get("lr"),
+            "epoch": metrics.get("epoch"),
+        },
+        "bytes": e.data.get("size") if isinstance(e.data, dict) else None,
+        "sha256": e.data.get("sha256") if isinstance(e.data, dict) else None,
+    }
+
+
+def result_file_json(r: ResultFile) -> dict[str, Any]:
+    """A job's result file as a file object (bytes: the adapter's stored size; the metrics CSV
+    is built on download, so its size is not known before)."""
+    adapter = adapter_of(r.job) if r.kind == ADAPTER else None
+    return {
+        "id": r.id,
+        "object": "file",
+        "bytes": adapter.size if adapter else None,
+        "created_at": ts(r.job.finished_at),
+        "filename": r.filename,
+        "purpose": PURPOSE,
+        "status": "processed",
+        "sha256": adapter.sha256 if adapter else None,
+        "job_id": r.job.public_id,
     }
 
 

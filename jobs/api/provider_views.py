@@ -8,14 +8,20 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.api import presenters as p
+from jobs.api import serializers as sz
 from jobs.api.auth import request_project
+from jobs.api.schema import responses
 from jobs.errors import InvalidRequest
 from jobs.gpu_needs import parse_gpu
 from jobs.services import offers
 
 
 class ProviderListView(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="providers_list",
+        tags=["providers"],
+        responses=responses({200: sz.ProviderList}),
+    )
     def get(self, request: Request) -> Response:
         statuses = offers.provider_statuses(project=request_project(request))
         return Response(p.page_json([p.provider_json(s) for s in statuses], False))
@@ -38,11 +44,21 @@ def _number(request: Request, name: str, kind: type) -> object:
 class OfferListView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("gpu", str, description='GPU name or glob, e.g. "*H100*"'),
-            OpenApiParameter("count", int, description="GPUs per machine (default 1)"),
-            OpenApiParameter("min_vram_gb", float, description="GB per GPU at least"),
+            OpenApiParameter("gpu", sz.GPU_NAME, description='GPU name or glob, e.g. "*H100*"'),
+            OpenApiParameter(
+                "count",
+                {"type": "integer", "minimum": 0, "maximum": 64},
+                description="GPUs per machine (default 1)",
+            ),
+            OpenApiParameter(
+                "min_vram_gb",
+                {"type": "number", "exclusiveMinimum": 0, "maximum": 4096},
+                description="GB per GPU at least",
+            ),
         ],
-        responses=dict,
+        operation_id="providers_offers_list",
+        tags=["providers"],
+        responses=responses({200: sz.OfferList}, 400, 404),
     )
     def get(self, request: Request, target: str) -> Response:
         needs = {

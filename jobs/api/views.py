@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpResponseBase
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -15,21 +16,45 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import selectors, storage
+from jobs import result_files, selectors, storage
 from jobs.api import presenters as p
+from jobs.api import serializers as sz
 from jobs.api import uploads
 from jobs.api.auth import request_project, request_user
-from jobs.errors import InvalidRequest, Unavailable
+from jobs.api.schema import responses
+from jobs.errors import Conflict, InvalidRequest, Unavailable
 from jobs.services import files as file_services
 from jobs.services import jobs as job_services
 from jobs.services import projects as project_services
+from jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
 
 LIST_PARAMS = [
-    OpenApiParameter("limit", int, description="1-100, default 20"),
+    OpenApiParameter(
+        "limit", {"type": "integer", "minimum": 1, "maximum": 100}, description="default 20"
+    ),
     OpenApiParameter("after", str, description="id of the last object of the previous page"),
 ]
+
+
+JOB_CREATE_EXAMPLE = OpenApiExample(
+    "LoRA on the own fleet",
+    request_only=True,
+    value={
+        "model": "meta-llama/Llama-3.2-1B-Instruct",
+        "training_file": "file-abc123",
+        "method": {
+            "type": "supervised",
+            "supervised": {"hyperparameters": {"n_epochs": 3, "batch_size": "auto"}},
+        },
+        "suffix": "support-bot",
+        "metadata": {"team": "search"},
+        "adapter": {"type": "qlora", "r": 16, "alpha": 32},
+        "target": "local",
+        "gpu": {"count": 1, "min_vram_gb": 24},
+    },
+)
 
 
 class JSONBodyParser(JSONParser):
@@ -71,9 +96,17 @@ def _form_field(request: Request, name: str, default: str) -> object:
     return data.get(name, default) if isinstance(data, Mapping) else default
 
 
-def _body(request: Request) -> dict:
+def _body(request: Request, fields: tuple[str, ...] | None = None) -> dict:
+    """The JSON object body; with ``fields``, any other key is refused (a typo is not ignored)."""
     if not isinstance(request.data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
+    unknown = sorted(set(request.data) - set(fields)) if fields is not None else []
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown field {unknown[0]!r}; accepted fields: {', '.join(fields or ())}.",
+            code="invalid_value",
+            param=unknown[0] if unknown[0].isprintable() else None,
+        )
     bad = _nul_at(request.data)
     if bad:
         raise InvalidRequest(
@@ -85,45 +118,73 @@ def _body(request: Request) -> dict:
 class FileListView(APIView):
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(operation_id="files_list", parameters=LIST_PARAMS, responses=dict)
+    @extend_schema(
+        operation_id="files_list",
+        tags=["files"],
+        parameters=[*LIST_PARAMS, OpenApiParameter("purpose", str)],
+        responses=responses({200: sz.FileList}, 400),
+    )
     def get(self, request: Request) -> Response:
         rows, more = selectors.file_list(
             project=request_project(request),
+            purpose=request.query_params.get("purpose"),
             after=request.query_params.get("after"),
             limit=selectors.parse_limit(request.query_params.get("limit")),
         )
         return Response(p.page_json([p.file_json(f) for f in rows], more))
 
-    @extend_schema(request={"multipart/form-data": dict}, responses=dict)
+    @extend_schema(
+        operation_id="files_create",
+        tags=["files"],
+        request={"multipart/form-data": sz.FileUpload},
+        responses=responses({201: sz.File}, 400, 403, 411, 413),
+    )
     def post(self, request: Request) -> Response:
         project = request_project(request)
         # Before the body is read: a full quota or an oversized body is refused unread.
         uploads.restrict(request, file_services.file_upload_allowance(project=project))
         upload = request.FILES.get("file")
-        if upload is None:
+        # A part without a filename (curl -F 'file=<data.jsonl') arrives as a form field.
+        text = _form_field(request, "file", "") if upload is None else ""
+        if upload is None and not (isinstance(text, str) and text):
             raise InvalidRequest(
                 "Send the dataset as multipart field 'file'.", code="missing_file", param="file"
             )
         record = file_services.file_create(
             project=project,
             user=request_user(request),
-            filename=upload.name or "upload.jsonl",
-            chunks=upload.chunks(storage.CHUNK_BYTES),
+            filename=(upload.name if upload else "") or "upload.jsonl",
+            chunks=upload.chunks(storage.CHUNK_BYTES) if upload else [str(text).encode()],
             purpose=_form_field(request, "purpose", "fine-tune"),
         )
         return Response(p.file_json(record), status=status.HTTP_201_CREATED)
 
 
 class FileDetailView(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="files_retrieve", tags=["files"], responses=responses({200: sz.File}, 404)
+    )
     def get(self, request: Request, file_id: str) -> Response:
-        return Response(
-            p.file_json(selectors.file_get(project=request_project(request), file_id=file_id))
-        )
+        project = request_project(request)
+        if result_files.is_result_file_id(file_id):
+            return Response(p.result_file_json(selectors.result_file_get(project, file_id)))
+        return Response(p.file_json(selectors.file_get(project=project, file_id=file_id)))
 
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="files_delete",
+        tags=["files"],
+        responses=responses({200: sz.Deleted}, 404, 409),
+    )
     def delete(self, request: Request, file_id: str) -> Response:
-        record = selectors.file_get(project=request_project(request), file_id=file_id)
+        project = request_project(request)
+        if result_files.is_result_file_id(file_id):
+            selectors.result_file_get(project, file_id)  # 404 unless it is this project's
+            raise Conflict(
+                f"{file_id} is a result file of its job and lives as long as the job; delete "
+                "the job to remove it.",
+                code="result_file_not_deletable",
+            )
+        record = selectors.file_get(project=project, file_id=file_id)
         file_services.file_delete(record=record)
         return Response({"id": file_id, "object": "file", "deleted": True})
 
@@ -132,9 +193,21 @@ class JobListView(APIView):
     parser_classes = [JSONBodyParser]
 
     @extend_schema(
-        operation_id="jobs_list",
-        parameters=[*LIST_PARAMS, OpenApiParameter("status", str), OpenApiParameter("target", str)],
-        responses=dict,
+        operation_id="fine_tuning_jobs_list",
+        tags=["fine_tuning"],
+        parameters=[
+            *LIST_PARAMS,
+            OpenApiParameter("status", str, enum=[str(v) for v in JobStatus]),
+            OpenApiParameter("target", {"type": "string", "pattern": "^[A-Za-z0-9_-]{0,64}$"}),
+            OpenApiParameter(
+                "metadata",
+                {"type": "object", "additionalProperties": {"type": "string"}},
+                style="deepObject",
+                explode=True,
+                description="metadata[key]=value: jobs whose metadata has that pair",
+            ),
+        ],
+        responses=responses({200: sz.JobList}, 400),
     )
     def get(self, request: Request) -> Response:
         q = request.query_params
@@ -142,15 +215,26 @@ class JobListView(APIView):
             project=request_project(request),
             status=q.get("status"),
             target=q.get("target"),
+            metadata=selectors.parse_metadata_filter(q),
             after=q.get("after"),
             limit=selectors.parse_limit(q.get("limit")),
         )
         return Response(p.page_json([p.job_json(j) for j in rows], more))
 
     @extend_schema(
-        request=dict,
-        responses=dict,
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
+        operation_id="fine_tuning_jobs_create",
+        tags=["fine_tuning"],
+        request=sz.JobCreate,
+        responses=responses({201: sz.Job, 200: sz.Job}, 400, 409, 413),
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="a repeat with the same key and body returns the first job (200)",
+            )
+        ],
+        examples=[JOB_CREATE_EXAMPLE],
     )
     def post(self, request: Request) -> Response:
         job, created = job_services.job_create(
@@ -166,13 +250,21 @@ class JobListView(APIView):
 
 
 class JobDetailView(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="fine_tuning_jobs_retrieve",
+        tags=["fine_tuning"],
+        responses=responses({200: sz.Job}, 404),
+    )
     def get(self, request: Request, job_id: str) -> Response:
         return Response(
             p.job_json(selectors.job_get(project=request_project(request), job_id=job_id))
         )
 
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="fine_tuning_jobs_delete",
+        tags=["fine_tuning"],
+        responses=responses({200: sz.Deleted}, 404, 409),
+    )
     def delete(self, request: Request, job_id: str) -> Response:
         job_services.job_delete(
             job=selectors.job_get(project=request_project(request), job_id=job_id)
@@ -181,7 +273,12 @@ class JobDetailView(APIView):
 
 
 class JobCancelView(APIView):
-    @extend_schema(request=None, responses=dict)
+    @extend_schema(
+        operation_id="fine_tuning_jobs_cancel",
+        tags=["fine_tuning"],
+        request=None,
+        responses=responses({200: sz.Job}, 404, 409),
+    )
     def post(self, request: Request, job_id: str) -> Response:
         job = selectors.job_get(project=request_project(request), job_id=job_id)
         job_services.job_cancel(job=job)
@@ -189,7 +286,12 @@ class JobCancelView(APIView):
 
 
 class JobRetryView(APIView):
-    @extend_schema(request=None, responses=dict)
+    @extend_schema(
+        operation_id="fine_tuning_jobs_retry",
+        tags=["fine_tuning"],
+        request=None,
+        responses=responses({200: sz.Job}, 404, 409),
+    )
     def post(self, request: Request, job_id: str) -> Response:
         job = selectors.job_get(project=request_project(request), job_id=job_id)
         job_services.job_retry(job=job)
@@ -197,7 +299,15 @@ class JobRetryView(APIView):
 
 
 class JobEventListView(APIView):
-    @extend_schema(parameters=LIST_PARAMS, responses=dict)
+    # trainhub's event shape here; OpenAI's paths pass presenters.openai_event_json
+    present = staticmethod(p.event_json)
+
+    @extend_schema(
+        operation_id="fine_tuning_jobs_list_events",
+        tags=["fine_tuning"],
+        parameters=LIST_PARAMS,
+        responses=responses({200: sz.EventList}, 400, 404),
+    )
     def get(self, request: Request, job_id: str) -> Response:
         project = request_project(request)
         job = selectors.job_get(project=project, job_id=job_id)
@@ -206,11 +316,15 @@ class JobEventListView(APIView):
             after=request.query_params.get("after"),
             limit=selectors.parse_limit(request.query_params.get("limit")),
         )
-        return Response(p.page_json([p.event_json(e, job.public_id) for e in rows], more))
+        return Response(p.page_json([self.present(e, job.public_id) for e in rows], more))
 
 
 class JobArtifactListView(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="fine_tuning_jobs_artifacts_list",
+        tags=["fine_tuning"],
+        responses=responses({200: sz.ArtifactList}, 404),
+    )
     def get(self, request: Request, job_id: str) -> Response:
         job = selectors.job_get(project=request_project(request), job_id=job_id)
         return Response(
@@ -220,11 +334,18 @@ class JobArtifactListView(APIView):
 
 class ArtifactDownloadView(APIView):
     @extend_schema(
-        responses={
-            (200, "application/octet-stream"): bytes,
-            (206, "application/octet-stream"): bytes,
-            302: None,
-        },
+        operation_id="artifacts_download",
+        tags=["fine_tuning"],
+        responses=responses(
+            {
+                (200, "application/octet-stream"): OpenApiTypes.BINARY,
+                (206, "application/octet-stream"): OpenApiTypes.BINARY,
+                302: None,
+            },
+            404,
+            416,
+            503,
+        ),
         parameters=[OpenApiParameter("Range", str, OpenApiParameter.HEADER)],
     )
     def get(self, request: Request, artifact_id: str) -> HttpResponseBase:
@@ -249,14 +370,23 @@ class ArtifactDownloadView(APIView):
 class CredentialListView(APIView):
     parser_classes = [JSONBodyParser]
 
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="credentials_list",
+        tags=["credentials"],
+        responses=responses({200: sz.CredentialList}),
+    )
     def get(self, request: Request) -> Response:
         rows = selectors.credential_list(project=request_project(request))
         return Response(p.page_json([p.credential_json(c) for c in rows], False))
 
-    @extend_schema(request=dict, responses=dict)
+    @extend_schema(
+        operation_id="credentials_create",
+        tags=["credentials"],
+        request=sz.CredentialCreate,
+        responses=responses({201: sz.Credential}, 400, 409, 413),
+    )
     def post(self, request: Request) -> Response:
-        body = _body(request)
+        body = _body(request, ("provider", "name", "secrets"))
         name = body.get("name") or "default"
         if not isinstance(name, str) or len(name) > 100:
             raise InvalidRequest(
@@ -274,7 +404,11 @@ class CredentialListView(APIView):
 
 
 class CredentialDetailView(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(
+        operation_id="credentials_delete",
+        tags=["credentials"],
+        responses=responses({200: sz.Deleted}, 404),
+    )
     def delete(self, request: Request, credential_id: str) -> Response:
         selectors.credential_get(
             project=request_project(request), credential_id=credential_id

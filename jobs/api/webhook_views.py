@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.api.serializers import Error, WebhookReceived
 from jobs.services import messages, webhooks
 
 
@@ -22,7 +23,12 @@ class ProviderWebhookView(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(exclude=True)
+    @extend_schema(
+        operation_id="provider_webhook",
+        tags=["provider webhooks"],
+        request=None,
+        responses={200: WebhookReceived, 404: Error},  # 404: a token the URL cannot carry
+    )
     def post(self, request: Request, token: str) -> Response:
         attempt_pk = webhooks.webhook_attempt(token)
         if attempt_pk is not None and webhooks.webhook_poll_due(attempt_pk):

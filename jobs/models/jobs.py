@@ -57,6 +57,12 @@ class TrainingJob(models.Model):
     )
     error_code = models.CharField(max_length=32, blank=True)
     error_message = models.TextField(blank=True)
+    metadata = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Client key-value pairs (OpenAI metadata: up to 16 string keys ≤64 chars, "
+        "string values ≤512 chars).",
+    )
     trained_tokens = models.BigIntegerField(null=True, blank=True)
     latest_metrics = models.JSONField(default=dict, blank=True)
     event_counter = models.PositiveIntegerField(default=0)
@@ -110,6 +116,9 @@ class JobAttempt(models.Model):
     next_poll_at = models.DateTimeField(null=True, blank=True)
     polled_at = models.DateTimeField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # Set by a pause: the attempt stops after saving a checkpoint (its stop request says
+    # "pause"); an SSH-driven machine gets services.stopping.PAUSE_GRACE_SECONDS to do so.
+    pause_requested_at = models.DateTimeField(null=True, blank=True)
     launch_unconfirmed_at = models.DateTimeField(
         null=True,
         blank=True,

@@ -3,6 +3,9 @@ services.polling and services.stopping).
 
 An attempt ends exactly once (conditional UPDATE on ``ended_at IS NULL``); how it ended
 decides where the job goes: back to the queue while attempts remain, failed, or cancelled.
+A paused job stays paused whatever stopped its attempt (it was to stop), unless the attempt
+failed for a reason a resume would meet again (OOM, a bad dataset...): then the job fails as a
+running one would, and a retry still resumes from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         else:
             costs.attempt_settle_cost(attempt_pk=attempt.pk)
         job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
+        if job.status == S.PAUSED and reason == EndReason.CANCELLED:
+            reason = EndReason.PAUSED  # the stop the pause asked for
+            JobAttempt.objects.filter(pk=attempt.pk).update(end_reason=reason)
         detail = message or reason.value.replace("_", " ")
         event_append(
             job=job,
@@ -108,6 +114,8 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         )
         if reason == EndReason.SUCCEEDED:
             pass  # the job moves on through finalizing → succeeded at ingest
+        elif job.status == S.PAUSED:
+            _end_while_paused(job, attempt, reason, detail)
         elif job.status == S.CANCELLING:
             job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
         elif job.status in (S.PROVISIONING, S.RUNNING, S.FINALIZING):
@@ -129,18 +137,42 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
     return True
 
 
-def attempt_request_stop(*, attempt: JobAttempt) -> None:
-    """Ask whatever runs the attempt to stop (after commit). The job stays cancelling until
-    the stop is confirmed or the lease expires. A node attempt not claimed yet has nothing
-    running: it ends now, and the node's claim of it will be refused; a claimed one is
-    stopped by its node, whose supervisor asks every few seconds (nodes.node_stop_requests)."""
+def _end_while_paused(
+    job: TrainingJob, attempt: JobAttempt, reason: EndReason, detail: str
+) -> None:
+    """The paused job's attempt ended: it stays paused, unless the attempt failed for a reason
+    a resume would meet again (not a stop, not a lost machine)."""
+    if reason in (EndReason.PAUSED, EndReason.CANCELLED) or reason.retryable:
+        return
+    job_transition(
+        job=job,
+        to=S.FAILED,
+        error_code=reason.value,
+        message=f"{detail} (attempt {attempt.number}, while pausing)",
+    )
+
+
+def attempt_request_stop(*, attempt: JobAttempt, pause: bool = False) -> None:
+    """Ask whatever runs the attempt to stop (after commit). The job stays cancelling (or
+    paused, with the attempt live) until the stop is confirmed or the lease expires. A node
+    attempt not claimed yet has nothing running: it ends now, and the node's claim of it will
+    be refused; a claimed one is stopped by its node, whose supervisor asks every few seconds
+    (nodes.node_stop_requests; a paused job's attempt is asked to save a checkpoint first).
+    Cloud machines are stopped by services.stopping (an SSH-driven one that runs the executor
+    is asked to checkpoint first, on its polls)."""
+    if pause:
+        JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+            pause_requested_at=timezone.now()
+        )
     if attempt.node_name:
         unclaimed = JobAttempt.objects.filter(
             pk=attempt.pk, claimed_at__isnull=True, ended_at__isnull=True
         ).exists()
         if unclaimed:
             attempt_end(
-                attempt=attempt, reason=EndReason.CANCELLED, message="cancelled before start"
+                attempt=attempt,
+                reason=EndReason.PAUSED if pause else EndReason.CANCELLED,
+                message=f"{'paused' if pause else 'cancelled'} before start",
             )
         return
     messages.send_stop_machines(attempt.job_id)
@@ -222,7 +254,8 @@ def apply_outcome(
     if outcome is Outcome.RUNNING and job.status == S.PROVISIONING:
         JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
         job_transition(job=job, to=S.RUNNING, message="Training started.")
-    elif outcome is Outcome.SUCCEEDED and job.status == S.RUNNING:
+    elif outcome is Outcome.SUCCEEDED and job.status in (S.RUNNING, S.PAUSED):
+        # Paused: the run finished before the pause reached it; its adapter is kept.
         job_transition(
             job=job, to=S.FINALIZING, message="Training finished; verifying the adapter."
         )

@@ -1,4 +1,5 @@
-"""Training jobs: create (validated before any GPU is paid for), cancel, retry, delete."""
+"""Training jobs: create (validated before any GPU is paid for), cancel, pause, resume, retry,
+delete."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import F
 
 from gpu_worker import spec
 from jobs import gpu_needs, storage
@@ -19,6 +21,7 @@ from jobs.errors import Conflict, InvalidRequest, LimitExceeded
 from jobs.models import GpuNode, IdempotencyKey, Project, TrainingFile, TrainingJob
 from jobs.services.attempts import attempt_live, attempt_request_stop
 from jobs.services.events import event_append
+from jobs.services.job_request import native_job_request, parse_metadata
 from jobs.services.retention import storage_forget
 from jobs.services.status import job_transition
 from jobs.services.targets import target_problem
@@ -40,6 +43,11 @@ JOB_FIELDS = (
     "gpu",
     "node_selector",
     "max_price_per_hour",
+    "priority",
+    "metadata",
+    # OpenAI's spellings, turned into the fields above by job_request.native_job_request
+    "method",
+    "integrations",
 )
 
 
@@ -130,6 +138,7 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
         raise _param_error(
             f"Unknown field '{unknown[0]}'; accepted fields: {', '.join(JOB_FIELDS)}.", unknown[0]
         )
+    data = native_job_request(data)
     try:
         model = spec.validate_model_name(data.get("model"))
         adapter = spec.parse_adapter(data.get("adapter"))
@@ -169,6 +178,8 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
         "gpu": gpu_needs.parse_gpu(data.get("gpu")),
         "node_selector": gpu_needs.parse_node_selector(data.get("node_selector")),
         "max_price_per_hour": gpu_needs.parse_price(data.get("max_price_per_hour")),
+        "priority": _int_field(data, "priority", 0, -100, 100),
+        "metadata": parse_metadata(data.get("metadata")),
     }
     entry = registry.get(parsed["target"])
     capped = parsed["max_price_per_hour"] is not None
@@ -296,6 +307,66 @@ def job_cancel(*, job: TrainingJob) -> TrainingJob:
             job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
         else:
             attempt_request_stop(attempt=attempt)
+    return job
+
+
+PAUSABLE = (S.PROVISIONING, S.RUNNING)
+
+
+def job_pause(*, job: TrainingJob) -> TrainingJob:
+    """Pause a provisioning or running job: it moves to ``paused`` at once and its live
+    attempt is asked to stop after saving a checkpoint; the attempt's end leaves the job
+    paused (services.attempts) and stops its machine. Resume queues it again.
+
+    Where the checkpoint comes from, per target: an own GPU node's supervisor pulls the stop
+    with mode "pause" (nodes.node_stop_requests) and the executor uploads a checkpoint of its
+    last finished step before exiting; an SSH-driven rented machine gets "pause" in its
+    cancel file on its next polls and is terminated once the executor exits (or after
+    stopping.PAUSE_GRACE_SECONDS); a RunPod serverless job cannot be signalled, so it is
+    cancelled like any other and the next attempt resumes from its latest periodic
+    checkpoint. An attempt not yet started is simply stopped (nothing to save)."""
+    if job.status not in PAUSABLE:
+        raise Conflict(
+            f"Only running or provisioning jobs can be paused; {job.public_id} is {job.status}.",
+            code="job_not_pausable",
+        )
+    with transaction.atomic():
+        job_transition(
+            job=job,
+            to=S.PAUSED,
+            message="Pause requested; the job saves a checkpoint and stops.",
+        )
+        attempt = attempt_live(job=job)
+        if attempt is not None:
+            attempt_request_stop(attempt=attempt, pause=True)
+    return job
+
+
+def job_resume(*, job: TrainingJob) -> TrainingJob:
+    """Queue a paused job again. Its next attempt resumes from the newest checkpoint (every
+    attempt's spec does: services.specs), and the attempt the pause stopped does not count
+    against max_attempts. Refused while that attempt is still stopping (saving its
+    checkpoint): one attempt at a time, and the next must resume from that checkpoint."""
+    if job.status != S.PAUSED:
+        raise Conflict(
+            f"Only paused jobs can be resumed; {job.public_id} is {job.status}.",
+            code="job_not_resumable",
+        )
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if attempt_live(job=job) is not None:
+            raise Conflict(
+                f"Job {job.public_id} is still pausing: its attempt is saving a checkpoint and "
+                "stopping. Retry the resume in a few seconds.",
+                code="job_still_pausing",
+            )
+        # Every pause ends exactly one attempt (paused is entered only with a live attempt):
+        # moving the budget's start by one leaves that attempt out of the count.
+        TrainingJob.objects.filter(pk=job.pk).update(
+            attempt_budget_start=F("attempt_budget_start") + 1
+        )
+        job.attempt_budget_start += 1
+        job_transition(job=job, to=S.QUEUED, message="Resume requested; job queued.")
     return job
 
 

@@ -83,8 +83,9 @@ def attempt_provision(
     job = attempt.job
     if attempt.ended_at is not None or attempt.provider_instance_id:
         return
-    if job.status == S.CANCELLING:
-        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message="cancelled before launch")
+    if job.status in (S.CANCELLING, S.PAUSED):  # a paused job's end reason becomes "paused"
+        word = "paused" if job.status == S.PAUSED else "cancelled"
+        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message=f"{word} before launch")
         return
     if attempt.launch_unconfirmed_at is not None and storage.exists(
         storage.bundle_key(job.project_id, job.public_id, attempt.number)
@@ -176,9 +177,10 @@ def _launched(
     )
     if estimate is not None:
         costs.job_costs_refresh(job_pk=job.pk)
-    # A cancel (or end) while the provider call was in flight found no instance to stop.
+    # A cancel or pause (or end) while the provider call was in flight found no instance to
+    # stop. (A paused attempt's executor has not started: nothing to checkpoint.)
     if JobAttempt.objects.filter(
-        Q(ended_at__isnull=False) | Q(job__status=S.CANCELLING), pk=attempt.pk
+        Q(ended_at__isnull=False) | Q(job__status__in=(S.CANCELLING, S.PAUSED)), pk=attempt.pk
     ).exists():
         messages.send_stop_machines(job.pk)
 

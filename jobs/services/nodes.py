@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gpu_worker.outcomes import StopMode
 from jobs.broker_acl import broker_user_delete, broker_user_set, broker_users_sync
 from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import GpuNode, JobAttempt, NodeEvent
@@ -204,16 +205,19 @@ def node_stopping(*, node: GpuNode) -> None:
 
 
 def node_stop_requests(*, node: GpuNode, running: tuple[object, object] | None = None) -> list:
-    """The attempts this node must stop, as ``[{"job_id", "attempt"}]``: its live attempts of
-    cancelling jobs, and ``running`` (what its supervisor runs) unless that is still the live
-    attempt of a running job claimed by this node (ended by a lease expiry, say). Nodes pull
-    this with their heartbeat: they cannot be sent anything but a doorbell."""
+    """The attempts this node must stop, as ``[{"job_id", "attempt", "mode"}]``: its live
+    attempts of cancelling jobs (mode cancel) and of paused jobs (mode pause: the executor
+    saves a checkpoint first), and ``running`` (what its supervisor runs; mode cancel) unless
+    that is still the live attempt of a running job claimed by this node (ended by a lease
+    expiry, say). Nodes pull this with their heartbeat: they cannot be sent anything but a
+    doorbell. Nodes older than the mode stop every listed attempt at once."""
     mine = JobAttempt.objects.filter(node_name=node.name)
+    modes = {JobStatus.CANCELLING: StopMode.CANCEL, JobStatus.PAUSED: StopMode.PAUSE}
     stop = {
-        (job_id, number)
-        for job_id, number in mine.filter(
-            ended_at__isnull=True, job__status=JobStatus.CANCELLING
-        ).values_list("job__public_id", "number")
+        (job_id, number): modes[JobStatus(status)]
+        for job_id, number, status in mine.filter(
+            ended_at__isnull=True, job__status__in=modes
+        ).values_list("job__public_id", "number", "job__status")
     }
     if running is not None:
         job_id, number = running
@@ -229,8 +233,11 @@ def node_stop_requests(*, node: GpuNode, running: tuple[object, object] | None =
             job__status__in=(JobStatus.PROVISIONING, JobStatus.RUNNING),
         ).exists()
         if not still_mine:
-            stop.add((job_id, number))
-    return [{"job_id": job_id, "attempt": number} for job_id, number in sorted(stop)]
+            stop.setdefault((job_id, number), StopMode.CANCEL)
+    return [
+        {"job_id": job_id, "attempt": number, "mode": str(mode)}
+        for (job_id, number), mode in sorted(stop.items())
+    ]
 
 
 def nodes_mark_offline() -> int:

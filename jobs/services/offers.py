@@ -156,7 +156,8 @@ def provider_statuses(*, project: Project, verify: bool = True) -> list[Provider
         kind = target.credential_kind
         source = credential_source(project=project, kind=kind) if kind else None
         checked = None
-        if verify and source is not None and target.is_cloud:
+        # A target the operator has not configured has no adapter to ask (and says so).
+        if verify and source is not None and target.is_cloud and not target.misconfiguration():
             checked = credential_check(project=project, target=target)
         out.append(ProviderStatus(target, problem[1] if problem else "", source, checked))
     return out

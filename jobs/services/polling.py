@@ -29,7 +29,7 @@ from jobs.services.attempts import (
     report_finished,
 )
 from jobs.services.events import event_append
-from jobs.services.stopping import ALIVE, confirm_stop
+from jobs.services.stopping import ALIVE, confirm_stop, pauses_in_place
 from jobs.services.targets import MissingCredentials, adapter_for
 from jobs.states import EndReason, JobStatus
 from providers import registry
@@ -147,7 +147,14 @@ def _apply_remote_state(
     if state.events:
         _record_new_events(attempt, state.events)
         job.refresh_from_db(fields=["status"])
-    if job.status == S.CANCELLING or attempt.stop_requested_at is not None:
+    if job.status == S.PAUSED:
+        if state.status == RemoteStatus.SUCCEEDED:  # finished before the pause reached it
+            report_finished(attempt, state.message)
+            return False
+        if state.status in ALIVE and pauses_in_place(attempt):
+            remote.attempt_drive(attempt=attempt, state=state, pause=True)
+            return True
+    if job.status in (S.CANCELLING, S.PAUSED) or attempt.stop_requested_at is not None:
         return confirm_stop(adapter, attempt, state)
     rate = state.price_per_hour
     if rate is not None and state.status in ALIVE and _over_price_cap(target, attempt, rate):

@@ -56,8 +56,10 @@ def remote_dir(attempt: JobAttempt, address: SshAddress) -> str:
     return f"{base}/{attempt.job.public_id}-a{attempt.number}"
 
 
-def attempt_drive(*, attempt: JobAttempt, state: RemoteState) -> None:
-    """Start the attempt's executor once its machine accepts SSH, then collect its events."""
+def attempt_drive(*, attempt: JobAttempt, state: RemoteState, pause: bool = False) -> None:
+    """Start the attempt's executor once its machine accepts SSH, then collect its events.
+    ``pause``: the job is paused; the started executor is asked (again: it is idempotent) to
+    checkpoint and stop, and its last events are collected until it exits."""
     if state.status != RemoteStatus.RUNNING or state.ssh is None:
         _check_ready_deadline(attempt)
         return
@@ -74,6 +76,8 @@ def attempt_drive(*, attempt: JobAttempt, state: RemoteState) -> None:
         with executor:
             if attempt.claimed_at is None:
                 _start(attempt, executor, state.ssh, directory)
+            elif pause:
+                executor.request_stop(pause=True)
             events, offset = executor.read_events(attempt.events_offset)
             if events:
                 attempt_record_events(

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from jobs.api import serializers
 from jobs.models import IdempotencyKey, TrainingJob
 from jobs.services.attempts import attempt_start
 from jobs.services.files import file_validate
@@ -20,13 +21,8 @@ from tests.fakes.adapter import register_fake
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
 
 JOBS = "/api/v1/jobs/"
-JOB_KEYS = {
-    "id", "object", "model", "created_at", "started_at", "finished_at", "fine_tuned_model",
-    "organization_id", "status", "training_file", "validation_file", "method", "adapter",
-    "hyperparameters", "seed", "suffix", "target", "max_runtime_seconds", "max_attempts",
-    "gpu", "node_selector", "waiting_reason", "trained_tokens", "metrics", "error",
-    "max_price_per_hour", "estimated_cost", "cost",
-}  # fmt: skip
+# The presenter's keys are the schema's (jobs.api.serializers.Job): what generators are told.
+JOB_KEYS = set(serializers.Job().fields)
 BROKEN = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{oops\n'
 
 
@@ -633,14 +629,29 @@ def test_artifacts_empty_for_new_job(api, make_job) -> None:
 def test_openapi_schema_and_docs(api) -> None:
     schema = api.get("/api/schema/?format=json")
     assert schema.status_code == 200
-    paths = json.loads(schema.content)["paths"]
-    assert "/api/v1/jobs/" in paths
-    assert "/api/v1/files/" in paths
-    assert "/api/v1/jobs/{job_id}/events/" in paths
+    document = json.loads(schema.content)
+    paths = document["paths"]
+    assert "/api/v1/fine_tuning/jobs/" in paths
+    assert "/api/v1/files/{file_id}/content/" in paths
+    assert "/api/v1/fine_tuning/jobs/{job_id}/events/" in paths
+    # once each: the aliases (no slash, /v1/, the first API's /api/v1/jobs/) are not repeated
+    assert not [p for p in paths if p.startswith("/api/v1/jobs/") or not p.endswith("/")]
+    operations = [op for item in paths.values() for op in item.values()]
+    ids = [op["operationId"] for op in operations]
+    assert len(ids) == len(set(ids)) and "fine_tuning_jobs_create" in ids
+    create = paths["/api/v1/fine_tuning/jobs/"]["post"]
+    assert create["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/JobCreate"
+    )
+    for op in operations:  # every operation says what its errors look like
+        assert op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/Error"
+        ), op["operationId"]
+    assert "node agent" in {t for op in operations for t in op.get("tags", [])}
 
     yaml_schema = api.get("/api/schema/")
     assert yaml_schema.status_code == 200
-    assert b"/api/v1/jobs/" in yaml_schema.content
+    assert b"/api/v1/fine_tuning/jobs/" in yaml_schema.content
 
     docs = api.get("/api/docs/")
     assert docs.status_code == 200

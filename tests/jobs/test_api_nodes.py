@@ -466,7 +466,7 @@ def test_a_cancel_is_answered_to_the_node_running_the_attempt_only(api, placed) 
 
     assert api.post(f"{JOBS}{job_id}/cancel/").json()["status"] == "cancelling"
 
-    stop = {"cancel": [{"job_id": job_id, "attempt": 1}]}
+    stop = {"cancel": [{"job_id": job_id, "attempt": 1, "mode": "cancel"}]}
     assert _heartbeat(token, {"running": [job_id, 1]}).json() == stop
     assert _heartbeat(token).json() == stop
     assert _heartbeat(other, node="gpu-b").json() == {"cancel": []}

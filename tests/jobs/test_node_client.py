@@ -14,7 +14,7 @@ import requests
 
 from gpu_worker import node as node_settings
 from gpu_worker.node_api import NodeApi, events_url
-from gpu_worker.outcomes import Outcome
+from gpu_worker.outcomes import Outcome, StopMode
 from gpu_worker.report import Reporter
 from gpu_worker.sinks import HttpSink
 from gpu_worker.spec import parse_job_spec
@@ -58,7 +58,7 @@ def node_api(live_server, tmp_path: Path) -> Iterator[NodeApi]:
     _, token = nodes.node_create(name=NODE, actor="ops")
     api = NodeApi(_config(live_server, tmp_path, NODE, token))
     registration = node_settings.registration(api.node, f"node@{NODE}", "host:1:1")
-    assert api.heartbeat(registration=registration) == []
+    assert api.heartbeat(registration=registration) == {}
     yield api
     api.close()
 
@@ -69,7 +69,7 @@ def test_the_registration_report_is_stored_as_the_node_sent_it(node_api) -> None
     assert node.capabilities["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "vram_mb": 81559}]
     assert node.celery_hostname == f"node@{NODE}"
 
-    assert node_api.heartbeat(stopping=True) == []
+    assert node_api.heartbeat(stopping=True) == {}
     assert GpuNode.objects.get(name=NODE).status == GpuNode.Status.OFFLINE
 
 
@@ -90,7 +90,7 @@ def test_claim_report_cancel_and_stop_over_real_http(node_api, make_job) -> None
     spec = parse_job_spec(claim.spec)
     assert (spec.job_id, spec.attempt) == (job.public_id, 1)
     assert node_api.claim(job.public_id, 1, sleep=lambda _: None) is None, "once only"
-    assert node_api.heartbeat(running=(job.public_id, 1)) == []
+    assert node_api.heartbeat(running=(job.public_id, 1)) == {}
 
     # The executor: a Reporter sending to the events URL with the report token.
     url = events_url(node_api.node.control_url, NODE, job.public_id, 1)
@@ -114,14 +114,14 @@ def test_claim_report_cancel_and_stop_over_real_http(node_api, make_job) -> None
     assert JobEvent.objects.filter(job=job, attempt=1).count() == 4
 
     job_cancel(job=job)
-    assert node_api.heartbeat(running=(job.public_id, 1)) == [(job.public_id, 1)]
+    assert node_api.heartbeat(running=(job.public_id, 1)) == {(job.public_id, 1): StopMode.CANCEL}
     cancelled = {"seq": 4, "type": "status", "data": {"status": "cancelled"}}
     HttpSink(url, claim.report_token).send(job.public_id, 1, [cancelled])
     assert TrainingJob.objects.get(pk=job.pk).status == S.CANCELLED
-    assert node_api.heartbeat() == []
-    assert node_api.heartbeat(running=(job.public_id, 1)) == [(job.public_id, 1)], (
-        "an attempt that ended is not to run on"
-    )
+    assert node_api.heartbeat() == {}
+    assert node_api.heartbeat(running=(job.public_id, 1)) == {
+        (job.public_id, 1): StopMode.CANCEL
+    }, "an attempt that ended is not to run on"
 
 
 def test_a_report_token_does_not_reach_another_attempt(

@@ -243,8 +243,8 @@ def test_a_retired_ephemeral_node_comes_back_only_as_a_new_process(make_job, dis
 # --- cancels the node pulls: node_stop_requests -----------------------------------------------
 
 
-def _stop(job_id: str, attempt: int = 1) -> dict:
-    return {"job_id": job_id, "attempt": attempt}
+def _stop(job_id: str, attempt: int = 1, mode: str = "cancel") -> dict:
+    return {"job_id": job_id, "attempt": attempt, "mode": mode}
 
 
 def test_a_node_with_nothing_cancelled_has_nothing_to_stop(claimed) -> None:

@@ -100,6 +100,12 @@ def test_table_matches_design() -> None:
         (S.RUNNING, S.QUEUED),
         (S.RUNNING, S.FINALIZING),
         (S.FINALIZING, S.SUCCEEDED),
+        # pause: from an attempt that is starting or training; resume queues it again; a run
+        # that finished before the pause reached it still delivers its adapter
+        (S.PROVISIONING, S.PAUSED),
+        (S.RUNNING, S.PAUSED),
+        (S.PAUSED, S.QUEUED),
+        (S.PAUSED, S.FINALIZING),
         *((s, S.FAILED) for s in LIVE),
         *((s, S.CANCELLING) for s in LIVE - {S.CANCELLING}),
         (S.CANCELLING, S.CANCELLED),

@@ -165,7 +165,7 @@ def test_a_heartbeat_lists_only_the_nodes_own_cancelled_attempts(
         )  # fmt: skip
 
     assert beat("gpu-a", claimed.token).json()["cancel"] == [
-        {"job_id": claimed.job.public_id, "attempt": 1}
+        {"job_id": claimed.job.public_id, "attempt": 1, "mode": "cancel"}
     ]
     assert beat("gpu-b", other_token).json()["cancel"] == []
     assert beat("gpu-a", other_token).status_code == 401

