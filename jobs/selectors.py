@@ -181,18 +181,23 @@ def checkpoint_list(
 
 
 def _metrics_before(checkpoint: JobEvent) -> dict:
-    found = (
+    """The attempt's metrics at the checkpoint's step, else the last before it. Matched by step,
+    not by event order: the executor sends a checkpoint event at once but merges metrics for up
+    to a second, so the metrics of the checkpoint's own step are usually stored after it."""
+    step = checkpoint.data.get("step") if isinstance(checkpoint.data, dict) else None
+    if not isinstance(step, int):
+        return {}
+    rows = (
         JobEvent.objects.filter(
-            job_id=checkpoint.job_id,
-            attempt=checkpoint.attempt,
-            type="metrics",
-            number__lt=checkpoint.number,
+            job_id=checkpoint.job_id, attempt=checkpoint.attempt, type="metrics"
         )
         .order_by("-number")
         .values_list("data", flat=True)
-        .first()
     )
-    return found if isinstance(found, dict) else {}
+    for data in rows.iterator(chunk_size=200):  # newest first: the match is near the top
+        if isinstance(data, dict) and isinstance(data.get("step"), int) and data["step"] <= step:
+            return data
+    return {}
 
 
 def file_get(*, project: Project, file_id: str) -> TrainingFile:
