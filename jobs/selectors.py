@@ -141,19 +141,23 @@ def job_list(
     return _newest_first_page(qs, project=project, after=after, limit=limit, noun="job")
 
 
+def _event_number(after: str, job: TrainingJob, kind: str, noun: str) -> int:
+    """The event number in ``<kind>-<job suffix>-<number>`` (an event or checkpoint id of
+    ``job``, as presenters write them), for an ``after`` cursor; a 400 for anything else."""
+    prefix = f"{kind}-{job.public_id.removeprefix('ftjob-')}-"
+    number = after.removeprefix(prefix)
+    if not after.startswith(prefix) or not _is_number(number):
+        raise InvalidRequest(
+            f"after: '{after}' is not {noun} of this job.", code="invalid_value", param="after"
+        )
+    return int(number)
+
+
 def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list[JobEvent], bool]:
     """Events oldest first, so a client tails with ``after=<last id>``."""
     qs = JobEvent.objects.filter(job=job)
     if after:
-        prefix = f"ftevent-{job.public_id.removeprefix('ftjob-')}-"
-        number = after.removeprefix(prefix)
-        if not after.startswith(prefix) or not _is_number(number):
-            raise InvalidRequest(
-                f"after: '{after}' is not an event of this job.",
-                code="invalid_value",
-                param="after",
-            )
-        qs = qs.filter(number__gt=int(number))
+        qs = qs.filter(number__gt=_event_number(after, job, "ftevent", "an event"))
     return _page(qs.order_by("number"), limit)
 
 
@@ -167,15 +171,8 @@ def checkpoint_list(
     newest = {e.attempt: e for e in saved}  # the last one of each attempt wins
     rows = sorted(newest.values(), key=lambda e: -e.number)
     if after:
-        prefix = f"ftckpt-{job.public_id.removeprefix('ftjob-')}-"
-        number = after.removeprefix(prefix)
-        if not after.startswith(prefix) or not _is_number(number):
-            raise InvalidRequest(
-                f"after: '{after}' is not a checkpoint of this job.",
-                code="invalid_value",
-                param="after",
-            )
-        rows = [e for e in rows if e.number < int(number)]
+        number = _event_number(after, job, "ftckpt", "a checkpoint")
+        rows = [e for e in rows if e.number < number]
     page = rows[:limit]
     return [(e, _metrics_before(e)) for e in page], len(rows) > limit
 

@@ -10,8 +10,8 @@ urlpatterns = [
     *route("fine_tuning/jobs", views.JobListView.as_view()),
     *route("fine_tuning/jobs/<str:job_id>", views.JobDetailView.as_view()),
     *route("fine_tuning/jobs/<str:job_id>/cancel", views.JobCancelView.as_view()),
-    *route("fine_tuning/jobs/<str:job_id>/pause", openai_views.JobPauseView.as_view()),
-    *route("fine_tuning/jobs/<str:job_id>/resume", openai_views.JobResumeView.as_view()),
+    *route("fine_tuning/jobs/<str:job_id>/pause", views.JobPauseView.as_view()),
+    *route("fine_tuning/jobs/<str:job_id>/resume", views.JobResumeView.as_view()),
     *route(
         "fine_tuning/jobs/<str:job_id>/events",
         views.JobEventListView.as_view(present=presenters.openai_event_json),

@@ -91,11 +91,13 @@ def tenant_waiting_reason(reason: str, code: str | None = None) -> str:
     return WAITING_GENERIC
 
 
-def fine_tuned_model(j: TrainingJob) -> str | None:
-    """OpenAI's ``ft:<base>:<org>:<suffix>:<id>`` name of a succeeded job's adapter."""
-    if j.status != JobStatus.SUCCEEDED:
-        return None
+def model_name(j: TrainingJob) -> str:
+    """OpenAI's ``ft:<base>:<org>:<suffix>:<id>`` name of the job's adapter."""
     return f"ft:{j.model}:{j.project.slug}:{j.suffix}:{j.public_id.removeprefix('ftjob-')}"
+
+
+def fine_tuned_model(j: TrainingJob) -> str | None:
+    return model_name(j) if j.status == JobStatus.SUCCEEDED else None
 
 
 def estimated_finish(j: TrainingJob) -> int | None:
@@ -200,15 +202,12 @@ def checkpoint_id(job_public_id: str, event_number: int) -> str:
 def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> dict[str, Any]:
     """A stored checkpoint (the newest of its attempt), in OpenAI's checkpoint shape."""
     step = e.data.get("step") if isinstance(e.data, dict) else None
-    base = fine_tuned_model(job) or f"ft:{job.model}:{job.project.slug}:{job.suffix}:" + (
-        job.public_id.removeprefix("ftjob-")
-    )
     return {
         "id": checkpoint_id(job.public_id, e.number),
         "object": "fine_tuning.job.checkpoint",
         "created_at": ts(e.created_at),
         "fine_tuning_job_id": job.public_id,
-        "fine_tuned_model_checkpoint": f"{base}:ckpt-step-{step}",
+        "fine_tuned_model_checkpoint": f"{model_name(job)}:ckpt-step-{step}",
         "step_number": step,
         "attempt": e.attempt,
         "metrics": {

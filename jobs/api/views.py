@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import status
 from rest_framework.exceptions import ParseError
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -272,30 +279,30 @@ class JobDetailView(APIView):
         return Response({"id": job_id, "object": "fine_tuning.job", "deleted": True})
 
 
-class JobCancelView(APIView):
-    @extend_schema(
-        operation_id="fine_tuning_jobs_cancel",
-        tags=["fine_tuning"],
-        request=None,
-        responses=responses({200: sz.Job}, 404, 409),
+def job_action_view(service: Callable[..., object], operation_id: str) -> type[APIView]:
+    """``POST …/jobs/{id}/<action>``: one service call on the caller's job, the job back."""
+
+    @extend_schema_view(
+        post=extend_schema(
+            operation_id=operation_id,
+            tags=["fine_tuning"],
+            request=None,
+            responses=responses({200: sz.Job}, 404, 409),
+        )
     )
-    def post(self, request: Request, job_id: str) -> Response:
-        job = selectors.job_get(project=request_project(request), job_id=job_id)
-        job_services.job_cancel(job=job)
-        return Response(p.job_json(selectors.job_get(project=job.project, job_id=job_id)))
+    class JobActionView(APIView):
+        def post(self, request: Request, job_id: str) -> Response:
+            job = selectors.job_get(project=request_project(request), job_id=job_id)
+            service(job=job)
+            return Response(p.job_json(selectors.job_get(project=job.project, job_id=job_id)))
+
+    return JobActionView
 
 
-class JobRetryView(APIView):
-    @extend_schema(
-        operation_id="fine_tuning_jobs_retry",
-        tags=["fine_tuning"],
-        request=None,
-        responses=responses({200: sz.Job}, 404, 409),
-    )
-    def post(self, request: Request, job_id: str) -> Response:
-        job = selectors.job_get(project=request_project(request), job_id=job_id)
-        job_services.job_retry(job=job)
-        return Response(p.job_json(selectors.job_get(project=job.project, job_id=job_id)))
+JobCancelView = job_action_view(job_services.job_cancel, "fine_tuning_jobs_cancel")
+JobRetryView = job_action_view(job_services.job_retry, "fine_tuning_jobs_retry")
+JobPauseView = job_action_view(job_services.job_pause, "fine_tuning_jobs_pause")
+JobResumeView = job_action_view(job_services.job_resume, "fine_tuning_jobs_resume")
 
 
 class JobEventListView(APIView):
@@ -332,39 +339,68 @@ class JobArtifactListView(APIView):
         )
 
 
+class AnyAccept(DefaultContentNegotiation):
+    """Bytes whatever the client accepts (OpenAI's SDK asks for ``application/binary``, curl
+    for ``*/*``, others for ``application/octet-stream``); an error still comes back as JSON."""
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        first = next(iter(renderers))
+        return first, first.media_type
+
+
+DOWNLOAD_RESPONSES = responses(
+    {
+        (200, "application/octet-stream"): OpenApiTypes.BINARY,
+        (206, "application/octet-stream"): OpenApiTypes.BINARY,
+        302: None,
+    },
+    404,
+    416,
+    503,
+)
+
+
+def stored_download(
+    request: Request, *, key: str, filename: str, sha256: str, what: str, code: str
+) -> HttpResponseBase:
+    """The stored object ``key`` for download (bytes with Range, or S3's redirect), with its
+    digest; a 503 ``code`` naming ``what`` if storage has lost it."""
+    try:
+        response = storage.download_response(request, key, filename=filename)
+    except storage.ObjectMissing:
+        log.error("%s: %s is missing from storage", what, key)
+        raise Unavailable(
+            f"The bytes of {what} are missing from storage; the operator has been alerted in "
+            "the server log.",
+            code=code,
+        ) from None
+    # An ETag is not a SHA-256 (S3's is MD5 or composite), so the digest has its own header,
+    # on the redirect too: the client checks what it downloads from wherever it is sent.
+    response["X-Checksum-SHA256"] = sha256
+    return response
+
+
 class ArtifactDownloadView(APIView):
+    content_negotiation_class = AnyAccept
+
     @extend_schema(
         operation_id="artifacts_download",
         tags=["fine_tuning"],
-        responses=responses(
-            {
-                (200, "application/octet-stream"): OpenApiTypes.BINARY,
-                (206, "application/octet-stream"): OpenApiTypes.BINARY,
-                302: None,
-            },
-            404,
-            416,
-            503,
-        ),
+        responses=DOWNLOAD_RESPONSES,
         parameters=[OpenApiParameter("Range", str, OpenApiParameter.HEADER)],
     )
     def get(self, request: Request, artifact_id: str) -> HttpResponseBase:
         artifact = selectors.artifact_get(project=request_project(request), artifact_id=artifact_id)
-        try:
-            response = storage.download_response(
-                request, artifact.storage_key, filename=artifact.filename
-            )
-        except storage.ObjectMissing:
-            log.error("artifact %s: %s is missing from storage", artifact_id, artifact.storage_key)
-            raise Unavailable(
-                f"The bytes of artifact '{artifact_id}' are missing from storage; "
-                "the operator has been alerted in the server log.",
-                code="artifact_unavailable",
-            ) from None
-        # An ETag is not a SHA-256 (S3's is MD5 or composite), so the digest has its own header,
-        # on the redirect too: the client checks what it downloads from wherever it is sent.
-        response["X-Checksum-SHA256"] = artifact.sha256
-        return response
+        return stored_download(
+            request,
+            key=artifact.storage_key,
+            filename=artifact.filename,
+            sha256=artifact.sha256,
+            what=f"artifact '{artifact_id}'",
+            code="artifact_unavailable",
+        )
 
 
 class CredentialListView(APIView):
