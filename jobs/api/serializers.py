@@ -331,7 +331,7 @@ ArtifactList = page_of(Artifact, "ArtifactList")
 @extend_schema_field(
     {
         "type": "object",
-        "properties": {"api_key": {"type": "string", "minLength": 1}},
+        "properties": {"api_key": {"type": "string", "pattern": "^[!-~]{1,1024}$"}},
         "required": ["api_key"],
         "additionalProperties": False,
     }

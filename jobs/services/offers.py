@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,8 @@ from providers.errors import ProviderError
 log = logging.getLogger(__name__)
 OFFERS_TTL_SECONDS = 30
 VERIFY_TTL_SECONDS = 60
+VERIFY_WAIT_SECONDS = 5.0  # how long the providers list waits for the key checks
+_CHECKERS: futures.ThreadPoolExecutor | None = None  # started on first use (not at import)
 REFUSED_TTL_SECONDS = 600
 _PREFIX = "trainhub:offers"
 # VRAM classes the provider is asked about (GB per GPU): a need is rounded down to one, so the
@@ -121,6 +124,12 @@ def credential_check(*, project: Project, target: registry.Target) -> str | None
         secrets = target_secrets(target, project)
     except MissingCredentials:
         return None
+    return _verify(target, project, secrets)
+
+
+def _verify(target: registry.Target, project: Project, secrets: dict[str, str]) -> str:
+    """The cached verdict on ``secrets`` for ``target``, asking the provider if there is none.
+    Touches no database (it runs on the checker threads too)."""
     key = f"{_PREFIX}:verified:{target.name}:{provider_account(secrets)}"
     cached = redis_client().get(key)
     if cached is not None:
@@ -147,7 +156,7 @@ class ProviderStatus:
 def provider_statuses(*, project: Project, verify: bool = True) -> list[ProviderStatus]:
     """Every registered target, whether the project can use it and whether its key works
     (checked with one cheap call per target, cached; a provider error is said, not hidden)."""
-    out = []
+    rows, checks = [], {}
     for name in registry.names():
         target = registry.get(name)
         if target is None:
@@ -155,12 +164,36 @@ def provider_statuses(*, project: Project, verify: bool = True) -> list[Provider
         problem = target_problem(project=project, target=target)
         kind = target.credential_kind
         source = credential_source(project=project, kind=kind) if kind else None
-        checked = None
+        rows.append((target, problem[1] if problem else "", source))
         # A target the operator has not configured has no adapter to ask (and says so).
         if verify and source is not None and target.is_cloud and not target.misconfiguration():
-            checked = credential_check(project=project, target=target)
-        out.append(ProviderStatus(target, problem[1] if problem else "", source, checked))
-    return out
+            secrets = target_secrets(target, project)  # read here: the checkers use no database
+            checks[name] = _checkers().submit(_verify, target, project, secrets)
+    # Each provider is asked at once, and the answer waits VERIFY_WAIT_SECONDS at most: a
+    # provider that is slow or unreachable (retried with backoff) shows as not checked yet,
+    # and its verdict, cached when it comes, is shown by a later call.
+    futures.wait(checks.values(), timeout=VERIFY_WAIT_SECONDS)
+    return [
+        ProviderStatus(target, problem, source, _done(checks.get(target.name)))
+        for target, problem, source in rows
+    ]
+
+
+def _checkers() -> futures.ThreadPoolExecutor:
+    global _CHECKERS
+    if _CHECKERS is None:
+        _CHECKERS = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="key-check")
+    return _CHECKERS
+
+
+def _done(check: futures.Future[str] | None) -> str | None:
+    if check is None or not check.done():
+        return None
+    try:
+        return check.result()
+    except Exception:  # a bug in an adapter: say so in the log, show the key as not checked
+        log.exception("checking a provider key failed")
+        return None
 
 
 def offers_for(*, project: Project, target_name: str, gpu: Mapping[str, Any]) -> list[Offer]:

@@ -105,6 +105,20 @@ def api_key_revoke(*, key: ApiKey) -> None:
     ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
+SECRET_MAX_CHARS = 1024
+
+
+def _header_safe(value: object) -> bool:
+    """A key the adapters can send: it travels in an HTTP header (printable ASCII, no space)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= SECRET_MAX_CHARS
+        and value.isascii()
+        and value.isprintable()
+        and " " not in value
+    )
+
+
 def credential_create(
     *, project: Project, provider: str, name: str, secrets: object
 ) -> ProviderCredential:
@@ -117,10 +131,14 @@ def credential_create(
         )
     if not isinstance(secrets, dict):
         raise InvalidRequest("secrets must be an object.", code="invalid_type", param="secrets")
-    missing = [f for f in fields if not isinstance(secrets.get(f), str) or not secrets.get(f)]
+    missing = [f for f in fields if not _header_safe(secrets.get(f))]
     unknown = sorted(set(secrets) - set(fields))
     if missing or unknown:
-        problem = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(unknown)}"
+        problem = (
+            f"missing or not 1-{SECRET_MAX_CHARS} printable ASCII characters: {', '.join(missing)}"
+            if missing
+            else f"unknown {', '.join(unknown)}"
+        )
         raise InvalidRequest(
             f"{provider} credentials need exactly: {', '.join(fields)} ({problem}).",
             code="invalid_secrets",

@@ -80,6 +80,14 @@ def test_list_shows_field_names_only(api, other_client) -> None:
         ({"provider": "runpod", "secrets": {}}, "secrets", "invalid_secrets"),
         ({"provider": "runpod", "secrets": {"api_key": ""}}, "secrets", "invalid_secrets"),
         ({"provider": "runpod", "secrets": {"api_key": 5}}, "secrets", "invalid_secrets"),
+        # a key travels in an HTTP header: what cannot be one is refused here, not a 500 later
+        (
+            {"provider": "runpod", "secrets": {"api_key": "k\U0006ff0c"}},
+            "secrets",
+            "invalid_secrets",
+        ),
+        ({"provider": "runpod", "secrets": {"api_key": "k\r\nX: y"}}, "secrets", "invalid_secrets"),
+        ({"provider": "runpod", "secrets": {"api_key": "a b"}}, "secrets", "invalid_secrets"),
         (
             {"provider": "runpod", "secrets": {"api_key": "x", "extra": "y"}},
             "secrets",

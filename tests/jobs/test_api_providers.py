@@ -4,8 +4,11 @@ against provider-shaped payloads in tests/providers)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from jobs.services import offers
 from jobs.services.projects import credential_create
 from providers import registry
 from providers.errors import InvalidCredentials, TransientProviderError
@@ -164,3 +167,26 @@ def test_a_provider_error_is_a_502_naming_the_provider(api, keyed, monkeypatch) 
 
 def test_providers_need_authentication(client) -> None:
     assert client.get(URL).status_code == 401
+
+
+def test_an_unreachable_provider_does_not_hold_up_the_list(
+    api, project, settings, monkeypatch
+) -> None:
+    """The real Lambda adapter, its API on a closed loopback port: refused connections are
+    retried with backoff for seconds. The list answers within its wait, the key unchecked;
+    the verdict, cached when the check ends, is shown by a later call."""
+    settings.LAMBDA_API_URL = "http://127.0.0.1:9"
+    monkeypatch.setattr(offers, "VERIFY_WAIT_SECONDS", 0.5)
+    credential_create(project=project, provider="lambda", name="main", secrets={"api_key": SECRET})
+
+    started = time.monotonic()
+    first = entry(assert_list(api.get(URL)), "lambda")
+    assert time.monotonic() - started < 3
+    assert first["credential"] == {"source": "project", "verified": None, "error": None}
+
+    deadline = time.monotonic() + 30
+    while (later := entry(assert_list(api.get(URL)), "lambda"))["credential"]["verified"] is None:
+        assert time.monotonic() < deadline, "the check never ended"
+        time.sleep(0.5)
+    assert later["credential"]["verified"] is False
+    assert "no connection" in later["credential"]["error"]

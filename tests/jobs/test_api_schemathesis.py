@@ -26,10 +26,11 @@ checks.positive_data_acceptance.expected-statuses = [
     "2xx", "400", "401", "403", "404", "409", "429",
 ]
 
-# A node's audit trail outlives the node by design (who deleted it, when).
+# A node's audit trail outlives the node by design (who deleted it, when), which the stateful
+# phase's use-after-free check reads as a leak: that list is fuzzed in the other phases only.
 [[operations]]
 include-operation-id = "nodes_events_list"
-checks.use_after_free.enabled = false
+phases.stateful.enabled = false
 """
 
 
@@ -53,10 +54,6 @@ def test_the_schema_holds_for_every_generated_request(
         "--checks", "all", "--phases", "examples,coverage,fuzzing,stateful",
         "--max-examples", "15", "--max-time", str(MAX_SECONDS), "--workers", "1",
         "--request-timeout", "10", "--seed", "1",
-        # Left out until fixed: once the fuzzer adds a credential, GET /providers/ checks it
-        # against the provider; unreachable here, that check hangs or answers 500.
-        "--exclude-operation-id", "providers_list",
-        "--exclude-operation-id", "providers_offers_list",
     ]  # fmt: skip
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     report = run.stdout[-15000:] + run.stderr[-3000:]
