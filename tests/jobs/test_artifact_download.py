@@ -31,6 +31,14 @@ def test_download_carries_its_sha256_and_the_bytes(ingested, api, storage_backen
         assert got.headers["Accept-Ranges"] == "bytes"
 
 
+@pytest.mark.parametrize("accept", ["application/octet-stream", "application/binary", "*/*"])
+def test_any_accept_header_gets_the_bytes(ingested, api, accept: str) -> None:
+    _, artifact, bundle = ingested
+    got = api.get(f"/api/v1/artifacts/{artifact.public_id}/download/", HTTP_ACCEPT=accept)
+    assert got.status_code in (200, 302), (accept, got.status_code)
+    assert got["X-Checksum-SHA256"] == artifact.sha256
+
+
 @settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
