@@ -8,6 +8,9 @@
 ``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
 3 cancelled, 4 timeout (gpu_worker.outcomes.ExitCode). The last stdout line is a JSON summary
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
+While training runs, what the process writes to stdout/stderr and what it logs also become
+``log`` events (gpu_worker.logcapture: rate-capped, secrets masked), and still reach stdout and
+stderr unchanged.
 
 Stopping: SIGTERM or SIGINT, or the appearance of ``--cancel-file``, stops training within one
 optimizer step, removes the working files and exits 3. A second signal stops at once. A cancel
@@ -118,6 +121,8 @@ def _run(args: argparse.Namespace) -> int:
 
     backends.select_backend()
     from gpu_worker import train
+    from gpu_worker.logcapture import LogCapture
+    from gpu_worker.redaction import Redactor, secret_values
     from gpu_worker.report import Reporter
 
     try:
@@ -139,7 +144,8 @@ def _run(args: argparse.Namespace) -> int:
     if every_seconds is None:
         every_seconds = train.DEFAULT_CHECKPOINT_EVERY_SECONDS
     try:
-        with reporter:
+        # Training's output becomes log events; the capture ends before the summary below.
+        with reporter, LogCapture(reporter, redactor=Redactor(secret_values(spec))):
             result = train.run(
                 spec,
                 reporter=reporter,

@@ -29,6 +29,10 @@ DISPATCH = "trainhub.dispatch"
 FLEET_TICK = "trainhub.fleet_tick"
 STORAGE_SWEEP = "trainhub.storage_sweep"
 PURGE_STORAGE = "trainhub.purge_storage"
+NOTIFY_JOB = "trainhub.notify_job"  # a job ended: its creator's notification (event + email)
+# Outbound webhooks: one try of one delivery; beat sends the due retries.
+DELIVER_WEBHOOK = "trainhub.deliver_webhook"
+WEBHOOKS_DUE = "trainhub.webhooks_due"
 # Executed on a node queue. Its message carries ids only ({"job_id", "attempt"}): a node
 # fetches the spec (signed URLs and all) over HTTPS when it claims the attempt.
 RUN_ATTEMPT = "gpu_worker.run_attempt"
@@ -40,6 +44,7 @@ NODE_HEARTBEAT_SECONDS = 30
 STORAGE_SWEEP_INTERVAL_SECONDS = 3600
 RECONCILE_INTERVAL_SECONDS = 180
 PLACE_INTERVAL_SECONDS = 30  # queued jobs waiting for a cloud offer are placed again
+WEBHOOKS_DUE_INTERVAL_SECONDS = 5  # webhook retries are sent this close to when they are due
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ PERIODIC = (
     Periodic("place-waiting", PLACE_WAITING, PLACE_INTERVAL_SECONDS),
     Periodic("reconcile-providers", RECONCILE_PROVIDERS, RECONCILE_INTERVAL_SECONDS),
     Periodic("storage-sweep", STORAGE_SWEEP, STORAGE_SWEEP_INTERVAL_SECONDS),
+    Periodic("webhooks-due", WEBHOOKS_DUE, WEBHOOKS_DUE_INTERVAL_SECONDS),
 )
 
 

@@ -103,6 +103,7 @@ class Reporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._drains: list[Callable[[], None]] = []
 
     # --- construction from the spec ---------------------------------------------------------
 
@@ -188,11 +189,22 @@ class Reporter:
     def status(self, status: Outcome, message: str = "", **data: Any) -> None:
         """A status report (running, succeeded with ``sha256``, failed with ``code``,
         cancelled); sent at once. The wire carries the plain string value."""
+        self._run_drains()
         self._emit("status", message, {"status": Outcome(status).value, **data}, "info")
 
     def error(self, code: str, message: str, **data: Any) -> None:
         """A failure with its typed reason (an EndReason value such as ``oom``); sent at once."""
+        self._run_drains()
         self._emit("error", message, {"code": code, **data}, "error")
+
+    def add_drain(self, drain: Callable[[], None]) -> None:
+        """Run ``drain`` before every status or error event, so events another thread still
+        holds (captured log lines, gpu_worker.logcapture) come before the outcome they led to."""
+        self._drains.append(drain)
+
+    def remove_drain(self, drain: Callable[[], None]) -> None:
+        if drain in self._drains:
+            self._drains.remove(drain)
 
     def log(self, message: str, level: str = "info", **data: Any) -> None:
         self._emit("log", message, data, event_level(level))
@@ -244,6 +256,13 @@ class Reporter:
         return self._seq
 
     # --- internals --------------------------------------------------------------------------
+
+    def _run_drains(self) -> None:
+        for drain in list(self._drains):
+            try:
+                drain()
+            except Exception:  # a status report must go out whatever a drain does
+                log.exception("draining %r before a status event failed", drain)
 
     def _emit(
         self,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -30,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_worker.errors import CANCELLED, INTERNAL_ERROR
+from gpu_worker.logcapture import LogCapture
 from gpu_worker.outcomes import Outcome
+from gpu_worker.redaction import Redactor, secret_values
 from gpu_worker.report import Reporter, RunpodSink
 from gpu_worker.spec import JobSpec, SpecError, parse_job_spec
 
@@ -38,6 +41,9 @@ log = logging.getLogger(__name__)
 
 # How long a cancelled job may take to stop and clean up before the handler gives up waiting.
 STOP_GRACE_SECONDS = 60.0
+# The SDK's own log lines ("DEBUG  | ..." locally, JSON on an endpoint): they quote our progress
+# updates, events and all, so as log events they would feed themselves.
+RUNPOD_SDK_LINE = re.compile(r'^(?:\{"requestId"|(?:TRACE|DEBUG|INFO|WARN|ERROR|TIP)\s*\| )')
 
 
 async def handler(job: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +77,9 @@ def run_attempt(
     workdir = Path(
         tempfile.mkdtemp(prefix=f"{spec.job_id}-", dir=os.environ.get("TRAINHUB_WORKDIR"))
     )
+    capture = LogCapture(reporter, redactor=Redactor(secret_values(spec)), ignore=RUNPOD_SDK_LINE)
     try:
-        with reporter:
+        with reporter, capture:
             try:
                 from gpu_worker import train  # lazy: imports torch and the training backend
 

@@ -12,15 +12,15 @@ from typing import ParamSpec
 import redis
 from django.conf import settings
 
+from trainhub import embedded
+
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 
 
 @cache
 def redis_client() -> redis.Redis:
-    url = settings.TRAINHUB_LOCK_REDIS_URL
-    if url.startswith("redis+socket://"):  # kombu's spelling of a unix socket URL
-        url = "unix://" + url.removeprefix("redis+socket://")
+    url = embedded.redis_py_url(settings.TRAINHUB_LOCK_REDIS_URL)
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 

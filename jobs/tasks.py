@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from gpu_worker import celery_conf as cc
 from jobs.locks import single_runner
@@ -20,11 +20,13 @@ from jobs.services import (
     launch,
     messages,
     nodes,
+    notifications,
     placement,
     polling,
     reconcile,
     retention,
     stopping,
+    webhook_delivery,
 )
 from providers import registry
 
@@ -126,3 +128,41 @@ def purge_storage(deletion_pk: int) -> None:
 def storage_sweep() -> None:
     report = retention.storage_sweep()
     log.info("storage sweep: %s", report)
+
+
+# --- notifications ----------------------------------------------------------------------------
+
+
+@shared_task(bind=True, name=cc.NOTIFY_JOB, ignore_result=True)
+def notify_job(self: Task, job_pk: int, status_event_number: int) -> None:
+    """A job ended: its creator's notification event (once) and email (retried if deferred)."""
+    retries = self.request.retries
+    try:
+        notifications.job_notify(
+            job_pk=job_pk, status_event_number=status_event_number, retrying=retries > 0
+        )
+    except notifications.EmailDeferred as exc:
+        if retries >= notifications.EMAIL_RETRIES:
+            log.warning(
+                "job %s: notification email given up after %d tries: %s", job_pk, retries + 1, exc
+            )
+            return
+        raise self.retry(
+            exc=exc,
+            countdown=notifications.retry_delay(retries),
+            max_retries=notifications.EMAIL_RETRIES,
+        ) from exc
+
+
+# --- outbound webhooks ------------------------------------------------------------------------
+
+
+@shared_task(name=cc.DELIVER_WEBHOOK, ignore_result=True)
+def deliver_webhook(delivery_pk: int) -> None:
+    webhook_delivery.delivery_try(delivery_pk=delivery_pk)
+
+
+@shared_task(name=cc.WEBHOOKS_DUE, ignore_result=True)
+@single_runner("webhooks-due", ttl_seconds=cc.WEBHOOKS_DUE_INTERVAL_SECONDS * 6)
+def webhooks_due() -> None:
+    webhook_delivery.deliveries_send_due()

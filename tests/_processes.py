@@ -3,8 +3,16 @@ servers that benchmarks need too live in ``devsupport.processes``)."""
 
 from __future__ import annotations
 
+import re
+import shlex
+import sys
 import time
+from pathlib import Path
 from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parents[1]
+# The test stream process's per-watcher buffer: small, so a client that stops reading overflows it.
+STREAM_BUFFER_MESSAGES = 16
 
 
 def database_url(db: dict) -> str:
@@ -34,3 +42,17 @@ def quiesce(worker_name: str, queue: str, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError(f"worker {worker_name} still busy after {timeout:.0f} s")
+
+
+def procfile_command(name: str, port: int) -> list[str]:
+    """The Procfile's ``name`` line as an operator's process manager runs it, with its port
+    variable set to ``port``, bound to loopback, its program run from this interpreter."""
+    line = next(
+        entry.removeprefix(f"{name}:").strip()
+        for entry in (ROOT / "Procfile").read_text().splitlines()
+        if entry.startswith(f"{name}:")
+    )
+    everywhere = "0.0.0.0"  # noqa: S104 - what the Procfile binds, replaced by loopback here
+    line = re.sub(r"\$\{[A-Z_]*PORT:-\d+\}", str(port), line).replace(everywhere, "127.0.0.1")
+    program, *args = shlex.split(line)
+    return [sys.executable, "-m", program, *args]

@@ -4,7 +4,10 @@ CELERY_BROKER_URL (see Makefile); outbound network is blocked except loopback an
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +17,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from gpu_worker.datasets import DEMO_DATASET_PATH
+from tests._processes import ROOT, STREAM_BUFFER_MESSAGES, database_url, procfile_command
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -231,3 +235,74 @@ def make_job(db, project, user, make_file):
         return job
 
     return make
+
+
+# --- the stream process ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamServer:
+    url: str  # http://127.0.0.1:<port>
+    log: Path
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.url.removeprefix("http")
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def stream_server(
+    django_db_setup, django_db_blocker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StreamServer]:
+    from django.conf import settings
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the stream process needs a shared server database (PostgreSQL)")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("stream") / "stream.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "trainhub.settings",
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "TRAINHUB_LIVE_PREFIX": settings.TRAINHUB_LIVE_PREFIX,
+        "TRAINHUB_LIVE_BUFFER_MESSAGES": str(STREAM_BUFFER_MESSAGES),
+    }
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            procfile_command("stream", port),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = StreamServer(f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_listening(port, proc, server)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, server: StreamServer) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the stream process exited:\n{server.tail()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    pytest.fail(f"the stream process did not listen within 30 s:\n{server.tail()}")

@@ -22,11 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Bottom to top. A module may import modules of the layers below its own, never above or beside.
 SERVICE_LAYERS: list[tuple[str, set[str]]] = [
+    ("celery messages", {"messages"}),
+    # What storing an event sets off once it commits: the live stream, the webhook outbox.
+    ("publishing", {"live", "webhook_outbox"}),
     (
         "foundations",
-        {"events", "messages", "costs", "projects", "specs", "webhooks", "job_request"},
+        {"events", "costs", "projects", "specs", "webhooks", "job_request", "webhook_endpoints"},
     ),
-    ("job status and node identity", {"status", "nodes", "retention", "targets"}),
+    (
+        "job status and node identity",
+        {"status", "nodes", "retention", "targets", "webhook_delivery", "notifications"},
+    ),
     ("attempts and offers", {"attempts", "offers"}),
     ("lifecycles", {"jobs", "dispatch", "remote", "stopping", "artifacts", "reconcile"}),
     ("after launch", {"polling", "files"}),

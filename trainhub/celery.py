@@ -9,7 +9,7 @@ import threading
 
 import redis
 from celery import Celery
-from celery.signals import beat_init
+from celery.signals import beat_init, task_prerun
 
 from gpu_worker import celery_conf
 
@@ -30,6 +30,22 @@ def _apply_shared_conventions(sender: Celery, **_: object) -> None:
 
 
 app.autodiscover_tasks(["jobs"])
+
+
+@task_prerun.connect
+def _drop_broken_database_connections(task: object = None, **_: object) -> None:
+    """With CELERY_DB_REUSE_MAX (settings) a task reuses the connection of the last one: drop
+    it first if it broke (a PostgreSQL restart) or outlived CONN_MAX_AGE, as Django does at the
+    start of every request (no query unless the last one failed). Not for a task run eagerly
+    (``apply()``) inside a caller's transaction."""
+    from django.db import connections
+
+    if getattr(getattr(task, "request", None), "is_eager", False):
+        return
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
 
 log = logging.getLogger(__name__)
 BEAT_LOCK_KEY = "trainhub:beat-lock"

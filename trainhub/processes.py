@@ -82,6 +82,13 @@ def web_command(port: int) -> list[str]:
     ]
 
 
+def stream_command(port: int) -> list[str]:
+    """The stream process (Procfile ``stream``): WebSocket and SSE on an ASGI server."""
+    return [sys.executable, "-m", "uvicorn", "trainhub.asgi:application",
+            "--host", "127.0.0.1", "--port", str(port), "--lifespan", "off",
+            "--ws-per-message-deflate", "false"]  # fmt: skip
+
+
 def worker_command() -> list[str]:
     return [
         sys.executable,

@@ -7,6 +7,7 @@ launcher (``manage.py demo``). ``DATABASE_URL`` / ``CELERY_BROKER_URL`` switch t
 
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -243,11 +244,79 @@ TRAINHUB_NODE_OFFLINE_SECONDS = env.int("TRAINHUB_NODE_OFFLINE_SECONDS", default
 # vanished with a Redis restart); a duplicate delivery is refused by the claim.
 TRAINHUB_DISPATCH_RESEND_SECONDS = env.int("TRAINHUB_DISPATCH_RESEND_SECONDS", default=30)
 
+# --- Outbound webhooks (jobs/services/webhook_delivery.py, docs/SECURITY.md) -----------------
+# Endpoint URLs must be https:// unless this is on (a lab behind a firewall, tests).
+TRAINHUB_WEBHOOK_ALLOW_HTTP = env.bool("TRAINHUB_WEBHOOK_ALLOW_HTTP", default=False)
+# CIDRs a webhook may reach although they are not public (loopback, private, link-local, …),
+# e.g. "10.20.0.0/16,fd12:3456::/48"; empty: public addresses only.
+TRAINHUB_WEBHOOK_ALLOWED_CIDRS = env.list("TRAINHUB_WEBHOOK_ALLOWED_CIDRS", default=[])
+# After a rotation the old secret keeps signing, beside the new one, this long.
+TRAINHUB_WEBHOOK_SECRET_OVERLAP_SECONDS = env.int(
+    "TRAINHUB_WEBHOOK_SECRET_OVERLAP_SECONDS", default=24 * 3600
+)
+# A delivery is retried with exponential backoff this long after its event, then given up.
+TRAINHUB_WEBHOOK_RETRY_WINDOW_SECONDS = env.int(
+    "TRAINHUB_WEBHOOK_RETRY_WINDOW_SECONDS", default=24 * 3600
+)
+# An endpoint whose every try has failed for this long is disabled and its project told.
+TRAINHUB_WEBHOOK_DISABLE_AFTER_SECONDS = env.int(
+    "TRAINHUB_WEBHOOK_DISABLE_AFTER_SECONDS", default=5 * 24 * 3600
+)
+# CA bundle for https endpoints (PEM); empty: certifi's, as requests uses.
+TRAINHUB_WEBHOOK_CA_BUNDLE = env.str("TRAINHUB_WEBHOOK_CA_BUNDLE", default="")
+
+# --- Email notifications (jobs/services/notifications.py) -------------------------------------
+# A job's creator is emailed when the job succeeds, fails or is cancelled. Without EMAIL_HOST
+# nothing is sent (Django's dummy backend); EMAIL_BACKEND overrides the choice, e.g.
+# django.core.mail.backends.console.EmailBackend to see the mails in the worker's output.
+EMAIL_HOST = env.str("EMAIL_HOST", default="")
+EMAIL_PORT = env.int("EMAIL_PORT", default=587)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)  # STARTTLS
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)  # TLS from the start (port 465)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=30)  # a hung server must not hold a worker
+EMAIL_BACKEND = env.str(
+    "EMAIL_BACKEND",
+    default="django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.dummy.EmailBackend",
+)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="trainhub <trainhub@localhost>")
+
 # --- Celery ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or embedded.default_broker_url(VAR_DIR)
 CELERY_BEAT_SCHEDULE = celery_conf.beat_schedule()
+# Celery's Django fixup closes the database connection around every task unless this is set:
+# a fresh PostgreSQL connection per task costs more than most of our tasks (a webhook delivery
+# is ~3 ms; a connection ~10 ms). Reused for this many tasks, then re-opened; 0 for the old way.
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=200) or None
 # Locks (per-target poll, single beat) live in the broker's Redis.
 TRAINHUB_LOCK_REDIS_URL = env.str("TRAINHUB_LOCK_REDIS_URL", default="") or CELERY_BROKER_URL
+
+# --- Live updates (jobs/live/, the stream process) ------------------------------------------
+# Where clients reach the stream process (told by the web process's answer to ?stream=true).
+TRAINHUB_STREAM_URL = env.str("TRAINHUB_STREAM_URL", default="")
+# The channel layer carries each stored event to the stream processes' watchers (Redis pub/sub).
+TRAINHUB_LIVE_REDIS_URL = env.str("TRAINHUB_LIVE_REDIS_URL", default="") or TRAINHUB_LOCK_REDIS_URL
+# Redis pub/sub ignores the database number: deployments (and test runs) sharing one Redis are
+# kept apart by the channel prefix, by default the database number of the URL.
+_live_db = urlsplit(TRAINHUB_LIVE_REDIS_URL).path.strip("/")
+TRAINHUB_LIVE_PREFIX = env.str(
+    "TRAINHUB_LIVE_PREFIX", default="trainhub" + (_live_db if _live_db.isdigit() else "0")
+)
+# Live messages a watcher may have waiting; one that falls further behind is told to resync
+# and re-reads from its last event (a slow client never holds up producers or others).
+TRAINHUB_LIVE_BUFFER_MESSAGES = env.int("TRAINHUB_LIVE_BUFFER_MESSAGES", default=256)
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {
+            "hosts": [embedded.redis_py_url(TRAINHUB_LIVE_REDIS_URL)],
+            "prefix": TRAINHUB_LIVE_PREFIX,
+        },
+    }
+}
 
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -17,6 +17,7 @@ from jobs.models import (
     TrainingFile,
     TrainingJob,
 )
+from jobs.models.ids import checkpoint_id
 from jobs.result_files import ADAPTER, PURPOSE, ResultFile, adapter_of, result_file_ids
 from jobs.services.job_request import BASE_LEARNING_RATE
 from jobs.states import JobStatus, WaitCode
@@ -91,13 +92,8 @@ def tenant_waiting_reason(reason: str, code: str | None = None) -> str:
     return WAITING_GENERIC
 
 
-def model_name(j: TrainingJob) -> str:
-    """OpenAI's ``ft:<base>:<org>:<suffix>:<id>`` name of the job's adapter."""
-    return f"ft:{j.model}:{j.project.slug}:{j.suffix}:{j.public_id.removeprefix('ftjob-')}"
-
-
 def fine_tuned_model(j: TrainingJob) -> str | None:
-    return model_name(j) if j.status == JobStatus.SUCCEEDED else None
+    return j.fine_tuned_model_name if j.status == JobStatus.SUCCEEDED else None
 
 
 def estimated_finish(j: TrainingJob) -> int | None:
@@ -183,7 +179,9 @@ def event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
 def openai_event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
     """An event as OpenAI's clients read it: ``type`` is ``metrics`` (data: step, train_loss,
     valid_loss, learning_rate, total_steps, ...) or ``message``; trainhub's own kind (status,
-    log, checkpoint, artifact, error, metrics) stays readable as ``kind``."""
+    log, checkpoint, artifact, error, metrics, notification) stays readable as ``kind``. A
+    notification (services/notifications) is a ``message`` whose data names the status event
+    it is about, the status and, for a failure, the error."""
     out = event_json(e, job_public_id)
     data = e.data if isinstance(e.data, dict) else {}
     if e.type == "metrics":
@@ -195,10 +193,6 @@ def openai_event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
     return {**out, "type": "metrics", "kind": e.type}
 
 
-def checkpoint_id(job_public_id: str, event_number: int) -> str:
-    return f"ftckpt-{job_public_id.removeprefix('ftjob-')}-{event_number}"
-
-
 def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> dict[str, Any]:
     """A stored checkpoint (the newest of its attempt), in OpenAI's checkpoint shape."""
     step = e.data.get("step") if isinstance(e.data, dict) else None
@@ -207,7 +201,7 @@ def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> d
         "object": "fine_tuning.job.checkpoint",
         "created_at": ts(e.created_at),
         "fine_tuning_job_id": job.public_id,
-        "fine_tuned_model_checkpoint": f"{model_name(job)}:ckpt-step-{step}",
+        "fine_tuned_model_checkpoint": f"{job.fine_tuned_model_name}:ckpt-step-{step}",
         "step_number": step,
         "attempt": e.attempt,
         "metrics": {

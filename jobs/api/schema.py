@@ -40,7 +40,15 @@ def responses(ok: dict, *statuses: int) -> dict:
 
 
 # Request bodies whose unknown fields are refused (400), so the schema says none are allowed.
-CLOSED_REQUESTS = ("JobCreate", "MethodIn", "SupervisedIn", "CredentialCreate", "NodeCreate")
+CLOSED_REQUESTS = (
+    "JobCreate",
+    "MethodIn",
+    "SupervisedIn",
+    "CredentialCreate",
+    "NodeCreate",
+    "WebhookEndpointCreate",
+    "PatchedWebhookEndpointUpdate",  # drf-spectacular's name for a PATCH body
+)
 
 
 def closed_request_bodies(result: dict, **kwargs: object) -> dict:

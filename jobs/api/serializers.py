@@ -15,6 +15,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers as s
 
 from gpu_worker.spec_schema import ADAPTER_SCHEMA, HYPERPARAMETERS_SCHEMA
+from jobs.models.webhooks import EVENT_TYPES as WEBHOOK_EVENT_TYPES
 from jobs.states import JobStatus
 from providers.registry import CREDENTIAL_KINDS
 
@@ -477,3 +478,90 @@ class NodeEventsStored(s.Serializer):
 
 class WebhookReceived(s.Serializer):
     received = s.BooleanField()
+
+
+# --- outbound webhooks (jobs/api/webhook_endpoint_views.py) ------------------------------------
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"type": "string", "enum": list(WEBHOOK_EVENT_TYPES)},
+        "minItems": 1,
+        "description": "a type named twice counts once",
+    }
+)
+class WebhookEventTypes(s.JSONField):
+    pass
+
+
+class WebhookEndpointCreate(s.Serializer):
+    url = s.URLField(
+        max_length=2048,
+        help_text="https:// (http only where the operator allows it); a public address unless "
+        "the operator allows the network; redirects are not followed",
+    )
+    event_types = WebhookEventTypes()
+    description = s.CharField(required=False, allow_blank=True, max_length=200)
+    enabled = s.BooleanField(required=False, default=True)
+
+
+class WebhookEndpointUpdate(s.Serializer):
+    url = s.URLField(required=False, max_length=2048)
+    event_types = WebhookEventTypes(required=False)
+    description = s.CharField(required=False, allow_blank=True, max_length=200)
+    enabled = s.BooleanField(required=False, help_text="true also clears an auto-disable")
+
+
+class WebhookEndpoint(s.Serializer):
+    id = s.CharField(help_text="whep-…")
+    object = _enum(["webhook_endpoint"])
+    url = s.CharField()
+    description = s.CharField(allow_blank=True)
+    event_types = s.ListField(child=_enum(list(WEBHOOK_EVENT_TYPES)))
+    enabled = s.BooleanField()
+    disabled_reason = s.CharField(allow_null=True, help_text="why it is disabled, if it is")
+    failing_since = s.IntegerField(
+        allow_null=True, help_text="start of the current run of failed tries (Unix seconds)"
+    )
+    previous_secret_expires_at = s.IntegerField(
+        allow_null=True, help_text="after a rotation: until when the old secret also signs"
+    )
+    created_at = s.IntegerField()
+    updated_at = s.IntegerField()
+
+
+WebhookEndpointList = page_of(WebhookEndpoint, "WebhookEndpointList")
+
+
+class WebhookEndpointWithSecret(WebhookEndpoint):
+    secret = s.CharField(help_text="whsec_…: the Standard Webhooks signing secret, shown this once")
+
+
+class WebhookAttemptOut(s.Serializer):
+    number = s.IntegerField()
+    started_at = s.IntegerField()
+    status_code = s.IntegerField(allow_null=True)
+    latency_ms = s.IntegerField()
+    response_excerpt = s.CharField(allow_blank=True, help_text="the first KiB of the answer")
+    error = s.CharField(allow_null=True)
+
+
+class WebhookDeliveryOut(s.Serializer):
+    id = s.CharField(help_text="msg_…: the webhook-id header, the same on every try")
+    object = _enum(["webhook_endpoint.delivery"])
+    endpoint_id = s.CharField()
+    event_id = s.CharField(help_text="evt_…: the body's id")
+    event_type = _enum(list(WEBHOOK_EVENT_TYPES))
+    job_id = s.CharField()
+    status = _enum(["pending", "succeeded", "failed"])
+    created_at = s.IntegerField()
+    delivered_at = s.IntegerField(allow_null=True)
+    next_attempt_at = s.IntegerField(allow_null=True)
+    last_status_code = s.IntegerField(allow_null=True)
+    last_error = s.CharField(allow_null=True)
+    payload = AnyObject(help_text="the body sent (OpenAI's webhook event shape)")
+    attempts = WebhookAttemptOut(many=True)
+
+
+WebhookDeliveryList = page_of(WebhookDeliveryOut, "WebhookDeliveryList")

@@ -1,4 +1,11 @@
-from jobs.api import node_views, openai_urls, provider_views, views, webhook_views
+from jobs.api import (
+    node_views,
+    openai_urls,
+    provider_views,
+    views,
+    webhook_endpoint_views,
+    webhook_views,
+)
 from jobs.api.routes import route
 
 # trainhub's native paths; OpenAI's (files, fine_tuning/jobs) come first, from openai_urls.
@@ -19,6 +26,24 @@ urlpatterns = [
         "webhooks/provider/<str:token>",
         webhook_views.ProviderWebhookView.as_view(),
         name="provider-webhook",
+    ),
+    # Outbound webhooks: the project's endpoints and their delivery log.
+    *route("webhook_endpoints", webhook_endpoint_views.WebhookEndpointListView.as_view()),
+    *route(
+        "webhook_endpoints/<str:endpoint_id>",
+        webhook_endpoint_views.WebhookEndpointDetailView.as_view(),
+    ),
+    *route(
+        "webhook_endpoints/<str:endpoint_id>/rotate_secret",
+        webhook_endpoint_views.WebhookEndpointRotateView.as_view(),
+    ),
+    *route(
+        "webhook_endpoints/<str:endpoint_id>/deliveries",
+        webhook_endpoint_views.WebhookDeliveryListView.as_view(),
+    ),
+    *route(
+        "webhook_endpoints/<str:endpoint_id>/deliveries/<str:delivery_id>/redeliver",
+        webhook_endpoint_views.WebhookRedeliverView.as_view(),
     ),
     *route("nodes", node_views.NodeListView.as_view()),
     *route("nodes/<str:name>", node_views.NodeDetailView.as_view()),

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -305,6 +306,15 @@ JobPauseView = job_action_view(job_services.job_pause, "fine_tuning_jobs_pause")
 JobResumeView = job_action_view(job_services.job_resume, "fine_tuning_jobs_resume")
 
 
+STREAM_PARAM = OpenApiParameter(
+    "stream",
+    {"type": "boolean"},
+    description="true: the events as Server-Sent Events (`id:` = the event's seq; resume with "
+    "Last-Event-ID or after=<seq>), stored ones then live ones. Served by the stream process "
+    "(Procfile `stream`, TRAINHUB_STREAM_URL); this server answers it with a 400 naming it.",
+)
+
+
 class JobEventListView(APIView):
     # trainhub's event shape here; OpenAI's paths pass presenters.openai_event_json
     present = staticmethod(p.event_json)
@@ -312,12 +322,20 @@ class JobEventListView(APIView):
     @extend_schema(
         operation_id="fine_tuning_jobs_list_events",
         tags=["fine_tuning"],
-        parameters=LIST_PARAMS,
+        parameters=[*LIST_PARAMS, STREAM_PARAM],
         responses=responses({200: sz.EventList}, 400, 404),
     )
     def get(self, request: Request, job_id: str) -> Response:
         project = request_project(request)
         job = selectors.job_get(project=project, job_id=job_id)
+        if request.query_params.get("stream", "").lower() in ("true", "1"):
+            raise InvalidRequest(
+                "stream=true is served by the stream process, at "
+                f"{settings.TRAINHUB_STREAM_URL or '(TRAINHUB_STREAM_URL is not set)'}: "
+                "connect there with the same path and key.",
+                code="stream_not_served_here",
+                param="stream",
+            )
         rows, more = selectors.event_list(
             job=job,
             after=request.query_params.get("after"),

@@ -3,6 +3,7 @@ from jobs.models.jobs import Artifact, IdempotencyKey, JobAttempt, JobEvent, Tra
 from jobs.models.nodes import GpuNode, NodeEvent
 from jobs.models.projects import ApiKey, Project, ProjectMembership, ProviderCredential
 from jobs.models.storage import StorageDeletion
+from jobs.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "ApiKey",
@@ -18,4 +19,7 @@ __all__ = [
     "StorageDeletion",
     "TrainingFile",
     "TrainingJob",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

@@ -95,6 +95,12 @@ class TrainingJob(models.Model):
 
         return self.status in TERMINAL
 
+    @property
+    def fine_tuned_model_name(self) -> str:
+        """OpenAI's ``ft:<base>:<org>:<suffix>:<id>`` name of the job's adapter."""
+        job_suffix = self.public_id.removeprefix("ftjob-")
+        return f"ft:{self.model}:{self.project.slug}:{self.suffix}:{job_suffix}"
+
 
 class JobAttempt(models.Model):
     """One try at running a job on one machine. The lease says it is still alive."""

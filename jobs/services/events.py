@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import F
 
 from jobs.models import JobEvent, TrainingJob
+from jobs.services import live, webhook_outbox
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def event_append(
     """Append a control-plane event (attempt 0, seq = public number)."""
     with transaction.atomic():
         number = _reserve_numbers(job.pk, 1)
-        return JobEvent.objects.create(
+        event = JobEvent.objects.create(
             job_id=job.pk,
             attempt=0,
             seq=number,
@@ -60,6 +61,15 @@ def event_append(
             message=message[:MAX_MESSAGE_CHARS],
             data=dict(data or {}),
         )
+        _stored(job, [event])
+        return event
+
+
+def _stored(job: TrainingJob, events: list[JobEvent]) -> None:
+    """What storing events sets off, inside their transaction: webhook deliveries are queued in
+    it (none lost, none for a rollback); the live stream hears of them once it commits."""
+    webhook_outbox.webhooks_for_events(job, events)
+    live.publish_events(job, events)
 
 
 def clean_executor_event(raw: object) -> dict[str, Any] | None:
@@ -137,6 +147,7 @@ def events_store(
             for i, e in enumerate(fresh)
         ]
         JobEvent.objects.bulk_create(rows)
+        _stored(job, rows)
         metrics = [e["data"] for e in fresh if e["type"] == "metrics"]
         if metrics:
             latest = {k: metrics[-1][k] for k in METRIC_KEYS if k in metrics[-1]}

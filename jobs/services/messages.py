@@ -70,6 +70,16 @@ def send_purge_storage(deletion_pk: int) -> None:
     _send(cc.PURGE_STORAGE, deletion_pk)
 
 
+def send_notify_job(job_pk: int, status_event_number: int) -> None:
+    """The job entered a terminal status (its ``status`` event numbered so): tell its creator."""
+    _send(cc.NOTIFY_JOB, job_pk, status_event_number)
+
+
+def send_deliver_webhook(delivery_pk: int, expires: float | None = None) -> None:
+    """One try of one webhook delivery (the worker claims it; a duplicate finds it taken)."""
+    _send(cc.DELIVER_WEBHOOK, delivery_pk, expires=expires)
+
+
 def send_run_attempt(node_name: str, job_id: str, attempt_number: int) -> None:
     """The attempt's ids, to the one node's own queue: the node claims it over HTTPS and gets
     the spec there (a broker message carries no secret)."""

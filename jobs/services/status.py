@@ -56,7 +56,7 @@ def job_transition(
                 error_code="", error_message="", finished_at=None
             )
             fields.update(error_code="", error_message="", finished_at=None)
-        event_append(
+        status_event = event_append(
             job=job,
             type="status",
             level="error" if to == S.FAILED else "info",
@@ -71,6 +71,8 @@ def job_transition(
             setattr(job, name, value)
         if to == S.QUEUED:
             _on_queued(job.pk, job.target)
+        if to in TERMINAL:  # the creator is told (services/notifications), after commit
+            messages.send_notify_job(job.pk, status_event.number)
     return True
 
 

@@ -246,7 +246,8 @@ def test_failed_launch_fails_the_job_with_the_provider_error(
     assert cloud_job.status == S.FAILED
     assert cloud_job.error_code == "provider_error"
     assert cloud_job.error_message == "launch failed: HTTP 403: no access to the H100 pool"
-    assert sent.calls == [], "nothing was rented, so nothing to stop or relaunch"
+    # Only the creator's notification of the end (services/notifications).
+    assert [name for name, _ in sent.calls] == [cc.NOTIFY_JOB], "nothing to stop or relaunch"
 
     # A retry relaunches on the same target as attempt 2.
     fake_cloud.launch_error = None
@@ -335,7 +336,7 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
     names = [cc.VALIDATE_FILE, cc.PLACE_JOB, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
              cc.STOP_MACHINES, cc.INGEST_ARTIFACT, cc.EXPIRE_LEASES, cc.DISPATCH, cc.FLEET_TICK,
              cc.PURGE_STORAGE, cc.STORAGE_SWEEP, cc.PROVISION_ATTEMPT, cc.POLL_ATTEMPT,
-             cc.RECONCILE_PROVIDERS]  # fmt: skip
+             cc.RECONCILE_PROVIDERS, cc.DELIVER_WEBHOOK, cc.WEBHOOKS_DUE]  # fmt: skip
     for name in names:
         assert name in app.tasks, name
         assert app.tasks[name].ignore_result
@@ -344,7 +345,7 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert scheduled == {
         cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK, cc.STORAGE_SWEEP,
-        cc.RECONCILE_PROVIDERS, cc.PLACE_WAITING,
+        cc.RECONCILE_PROVIDERS, cc.PLACE_WAITING, cc.WEBHOOKS_DUE,
     }  # fmt: skip
     assert app.conf.broker_transport_options["visibility_timeout"] > cc.LONGEST_JOB_SECONDS
 

@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from jobs.services import specs
 from jobs.services.artifacts import artifact_ingest
 from jobs.services.attempts import attempt_end, attempt_start
 from jobs.states import EndReason
+from tests._processes import procfile_command
 from tests.jobs._api import assert_error, download
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,18 +152,11 @@ def test_a_range_of_5000_digits_is_416_not_500(ingested, api, control_url) -> No
 
 
 def _procfile_web(port: int, access_log: Path) -> list[str]:
-    """The Procfile's ``web`` command as an operator's process manager runs it, on loopback, with
-    the access log that a deployment turns on written to a file."""
-    line = next(
-        entry.removeprefix("web:").strip()
-        for entry in (ROOT / "Procfile").read_text().splitlines()
-        if entry.startswith("web:")
-    )
-    everywhere = "0.0.0.0"  # noqa: S104 - what the Procfile binds, replaced by loopback here
-    line = line.replace("${PORT:-8000}", str(port)).replace(everywhere, "127.0.0.1")
-    argv = shlex.split(line)
-    assert argv[0] == "gunicorn"
-    return [sys.executable, "-m", *argv, "--workers", "1", "--access-logfile", str(access_log)]
+    """The Procfile's ``web`` command, with the access log that a deployment turns on written
+    to a file."""
+    argv = procfile_command("web", port)
+    assert argv[2] == "gunicorn"
+    return [*argv, "--workers", "1", "--access-logfile", str(access_log)]
 
 
 @pytest.mark.parametrize(

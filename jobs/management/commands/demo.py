@@ -29,6 +29,7 @@ from trainhub import embedded, processes
 
 NODE = "demo-node"
 SERVE_PORT = 8000  # --serve: where README's OpenAI SDK example finds it
+STREAM_PORT = 8001  # --serve: the stream process (WebSocket, SSE)
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 BROKEN_DATASET = (
@@ -68,7 +69,9 @@ class Command(BaseCommand):
         user, _ = get_user_model().objects.get_or_create(username="demo")
         _, key = api_key_create(user=user, name="demo")
         port = SERVE_PORT if options["serve"] else processes.free_port()
+        stream_port = STREAM_PORT if options["serve"] else processes.free_port()
         base = f"http://127.0.0.1:{port}/api/v1"
+        self.stream_base = f"http://127.0.0.1:{stream_port}/api/v1"
         env = {
             "CELERY_BROKER_URL": broker,
             "TRAINHUB_LOCK_REDIS_URL": broker,
@@ -76,17 +79,23 @@ class Command(BaseCommand):
             "TRAINHUB_ALLOWED_MODELS": f"*/*,{model}",
             "TRAINHUB_NODE_NAME": NODE,
             "TRAINHUB_NODE_TOKEN": self.node_token(),
+            "TRAINHUB_STREAM_URL": f"http://127.0.0.1:{stream_port}",
         }
         log_dir = settings.VAR_DIR / "logs"
         commands = {
             "web": processes.web_command(port),
+            "stream": processes.stream_command(stream_port),
             "worker": processes.worker_command(),
             "beat": processes.beat_command(settings.VAR_DIR / "celerybeat-schedule"),
             "gpu-node": processes.node_command(NODE),
         }
         with processes.running(commands, env, log_dir, settings.BASE_DIR):
             processes.wait_http(f"http://127.0.0.1:{port}/api/schema/")
-            self.say(f"web on :{port}, a worker, beat and GPU node '{NODE}' (logs in {log_dir})")
+            processes.wait_http(f"http://127.0.0.1:{stream_port}/healthz")
+            self.say(
+                f"web on :{port}, stream on :{stream_port}, a worker, beat and GPU node "
+                f"'{NODE}' (logs in {log_dir})"
+            )
             http = requests.Session()
             http.headers["Authorization"] = f"Bearer {key}"
             good = self.walkthrough(http, base)
@@ -100,6 +109,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1")
         self.stdout.write(f"  export OPENAI_API_KEY={key}")
         self.stdout.write(f"  export TRAINHUB_DEMO_MODEL={model}")
+        self.say(f"live updates (WebSocket /ws/jobs/<id>, SSE ?stream=true): {self.stream_base}")
         try:
             while True:
                 time.sleep(3600)
@@ -182,7 +192,8 @@ class Command(BaseCommand):
             raise CommandError(f"job create failed: {created.status_code} {created.text}")
         job_id = created.json()["id"]
         self.say(f"main job {job_id}: LoRA r=16 on the tiny Llama, 8 epochs, on '{NODE}'")
-        job = self.follow(http, f"{base}/jobs/{job_id}/")
+        self.follow(http, f"{self.stream_base}/jobs/{job_id}/events?stream=true")
+        job = http.get(f"{base}/jobs/{job_id}/").json()
         if job["status"] != "succeeded":
             raise CommandError(f"the job ended {job['status']}: {job['error']}")
         artifact = http.get(f"{base}/jobs/{job_id}/artifacts/").json()["data"][0]
@@ -207,34 +218,39 @@ class Command(BaseCommand):
         self.say(f"sha256: {verified.sha256}")
         self.say(f"files: {', '.join(f.path for f in verified.files)}")
 
-    def follow(self, http: requests.Session, url: str, timeout: float = 300) -> dict:
-        """Poll the job, drawing a progress bar (step, loss, ETA), until it ends."""
-        deadline = time.monotonic() + timeout
+    def follow(self, http: requests.Session, url: str, timeout: float = 300) -> None:
+        """Watch the job's live event stream (SSE, not polling), drawing a progress bar (step,
+        loss, ETA) from its metrics events, until a status event says it ended."""
         started = None
         last = ""
-        while time.monotonic() < deadline:
-            job = http.get(url).json()
-            m = job.get("metrics") or {}
-            step, total = m.get("step"), m.get("total_steps")
-            if job["status"] == "running" and step and total:
-                started = started or (time.monotonic(), step)
-                elapsed, first = time.monotonic() - started[0], started[1]
-                rate = (step - first) / elapsed if elapsed > 0 and step > first else None
-                eta = f"{(total - step) / rate:4.0f}s" if rate else "   ?"
-                filled = int(30 * step / total)
-                line = (f"[{'#' * filled}{'.' * (30 - filled)}] step {step}/{total} "
-                        f"loss {m.get('loss', float('nan')):.3f} ETA {eta}")  # fmt: skip
-            else:
-                line = f"status: {job['status']}"
-            if line != last:
-                self.stdout.write(f"\r[demo] {line:<78}", ending="")
-                self.stdout.flush()
-                last = line
-            if job["status"] in TERMINAL:
-                self.stdout.write("")
-                return job
-            time.sleep(0.3)
-        raise CommandError(f"the job did not finish within {timeout:.0f} s; see var/logs")
+        with http.get(url, stream=True, timeout=(5, 30)) as resp:
+            resp.raise_for_status()
+            deadline = time.monotonic() + timeout
+            for kind, event in server_sent_events(resp.iter_lines(decode_unicode=True)):
+                if time.monotonic() > deadline:
+                    raise CommandError(f"the job did not finish within {timeout:.0f} s")
+                data = event.get("data") or {}
+                if kind == "metrics" and data.get("step") and data.get("total_steps"):
+                    step, total = data["step"], data["total_steps"]
+                    started = started or (time.monotonic(), step)
+                    elapsed, first = time.monotonic() - started[0], started[1]
+                    rate = (step - first) / elapsed if elapsed > 0 and step > first else None
+                    eta = f"{(total - step) / rate:4.0f}s" if rate else "   ?"
+                    filled = int(30 * step / total)
+                    line = (f"[{'#' * filled}{'.' * (30 - filled)}] step {step}/{total} "
+                            f"loss {data.get('loss', float('nan')):.3f} ETA {eta}")  # fmt: skip
+                elif kind == "status":
+                    line = f"status: {data.get('status')}"
+                else:
+                    continue
+                if line != last:
+                    self.stdout.write(f"\r[demo] {line:<78}", ending="")
+                    self.stdout.flush()
+                    last = line
+                if kind == "status" and data.get("status") in TERMINAL:
+                    self.stdout.write("")
+                    return
+        raise CommandError("the event stream ended before the job did; see var/logs")
 
     def poll(self, http: requests.Session, url: str, ready: Any, timeout: float = 30) -> dict:
         deadline = time.monotonic() + timeout
@@ -260,3 +276,17 @@ class Command(BaseCommand):
 
     def say(self, text: str) -> None:
         self.stdout.write(f"[demo] {text}")
+
+
+def server_sent_events(lines: Any) -> Any:
+    """(event type, parsed data) for each event of a text/event-stream (comments skipped)."""
+    kind, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, json.loads("\n".join(data))
+            kind, data = "message", list[str]()
+        elif line.startswith("event:"):
+            kind = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            data.append(line.removeprefix("data:").strip())

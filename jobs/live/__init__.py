@@ -1,0 +1,1 @@
+"""Live job updates for the stream process (trainhub/asgi.py): WebSocket and SSE consumers."""
