@@ -281,6 +281,10 @@ class Reporter:
             "ts": time.time(),
         }
         with self._lock:
+            if type_ in _IMMEDIATE_TYPES:
+                # The newest metrics go before the checkpoint or outcome they led to, in the
+                # same batch: a batch after an attempt's final status is dropped upstream.
+                self._take_metrics_locked(self._clock())
             self._append_locked(event)
             full = len(self._buffer) >= BATCH_SIZE
         if send is None:

@@ -279,7 +279,9 @@ class Event(s.Serializer):
     created_at = s.IntegerField()
     level = _enum(["debug", "info", "warning", "error"])
     type = s.CharField(help_text="OpenAI's paths: metrics | message; native: trainhub's kind")
-    kind = s.CharField(required=False, help_text="status, log, metrics, checkpoint, artifact…")
+    kind = s.CharField(
+        required=False, help_text="status, log, metrics, checkpoint, artifact, error, notification…"
+    )
     message = s.CharField(allow_blank=True)
     data = AnyObject()  # type: ignore[assignment]  # a field, as the body names it
     attempt = s.IntegerField()
