@@ -5,8 +5,8 @@ Creates a fresh database, one project with one endpoint (plain http to 127.0.0.1
 bench allows as an operator would), then stores ``--events`` job status events through the real
 ``event_append`` (each in its own transaction: the webhook outbox writes the delivery row and
 sends its ``deliver_webhook`` message on commit) while no worker runs. Then it starts the
-control plane's worker (``celery -A trainhub worker -Q default``, prefork ``-c --concurrency``
-as in the Procfile) and measures, at the receiver, the time from the first delivery received
+webhook worker (``celery -A trainhub worker -Q webhooks``, prefork ``-c --concurrency``
+as the Procfile's ``webhooks`` line) and measures, at the receiver, the time from the first delivery received
 to the last: **deliveries/s = (N - 1) / that time**. Every request is verified by the receiver
 (a separate process) and every row must end ``succeeded`` with one try, or the run fails.
 Prints the figure and PASS/FAIL against the goal (>= 200/s). Exits 0 once measured, 1 if it
@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: dev
 from _common import bench_database_url, database_recreate, machine
 
 from devsupport.processes import free_port
+from gpu_worker import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_PER_SECOND = 200.0
@@ -160,7 +161,7 @@ def start_worker(args: argparse.Namespace, database_url: str, log: Path) -> subp
     env["TRAINHUB_ENCRYPTION_KEYS"] = ",".join(settings.TRAINHUB_ENCRYPTION_KEYS)
     env["DJANGO_SECRET_KEY"] = settings.SECRET_KEY
     command = [
-        sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", "default",
+        sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", cc.WEBHOOKS_QUEUE,
         "-c", str(args.concurrency), "-P", args.pool, "--without-heartbeat", "--without-gossip",
         "--prefetch-multiplier", str(args.prefetch),
         "--without-mingle", "-l", "warning", "-n", f"webhook-bench-{os.getpid()}@%h",

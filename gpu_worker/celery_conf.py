@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_QUEUE = "default"
+# Outbound webhook deliveries wait on other people's servers (up to 10 s a try): their own
+# queue and worker (Procfile ``webhooks``), so a slow receiver never delays a poll or a stop.
+WEBHOOKS_QUEUE = "webhooks"
 NODE_QUEUE_PREFIX = "gpu.node."
 
 # Task names: the wire contract between processes.
@@ -122,7 +125,11 @@ def base_config(broker_url: str) -> dict[str, object]:
         "result_serializer": "json",
         "accept_content": ["json"],
         "task_default_queue": DEFAULT_QUEUE,
-        "task_routes": {"trainhub.*": {"queue": DEFAULT_QUEUE}},
+        # An exact task name wins over the pattern (celery's MapRoute).
+        "task_routes": {
+            DELIVER_WEBHOOK: {"queue": WEBHOOKS_QUEUE},
+            "trainhub.*": {"queue": DEFAULT_QUEUE},
+        },
         "worker_prefetch_multiplier": 1,
         "worker_hijack_root_logger": False,
         "timezone": "UTC",

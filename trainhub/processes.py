@@ -90,6 +90,8 @@ def stream_command(port: int) -> list[str]:
 
 
 def worker_command() -> list[str]:
+    """The embedded launcher's one worker serves both the Procfile's ``worker`` and
+    ``webhooks`` queues."""
     return [
         sys.executable,
         "-m",
@@ -98,7 +100,7 @@ def worker_command() -> list[str]:
         "trainhub",
         "worker",
         "-Q",
-        "default",
+        "default,webhooks",
         "-c",
         "1",
         "-l",

@@ -105,6 +105,7 @@ def control_worker(
 
     with app.connection_for_write() as conn:  # leftovers of earlier runs must not be consumed
         conn.default_channel.queue_purge(cc.DEFAULT_QUEUE)
+        conn.default_channel.queue_purge(cc.WEBHOOKS_QUEUE)
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "trainhub.settings",
@@ -123,7 +124,7 @@ def control_worker(
     }
     worker = Process(
         "control-worker",
-        [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", cc.DEFAULT_QUEUE,
+        [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", f"{cc.DEFAULT_QUEUE},{cc.WEBHOOKS_QUEUE}",
          "-c", "1", "-P", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
          "-l", "info", "-n", f"{CONTROL_WORKER}@%h"],
         env, shared_dir / "control-worker.log",

@@ -330,7 +330,7 @@ def test_expire_leases_skips_while_the_lock_is_held(make_job) -> None:
     assert fresh(job).status == S.QUEUED
 
 
-def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
+def test_tasks_are_registered_by_name_and_routed_to_their_queues() -> None:
     from trainhub.celery import app
 
     names = [cc.VALIDATE_FILE, cc.PLACE_JOB, cc.POLL_ACTIVE_ATTEMPTS, cc.POLL_TARGET,
@@ -341,7 +341,9 @@ def test_tasks_are_registered_by_name_and_routed_to_default() -> None:
         assert name in app.tasks, name
         assert app.tasks[name].ignore_result
         route = app.amqp.router.route({}, name)
-        assert route["queue"].name == cc.DEFAULT_QUEUE, name
+        # Deliveries wait on receivers: their own queue, so they never hold up a poll or stop.
+        expected = cc.WEBHOOKS_QUEUE if name == cc.DELIVER_WEBHOOK else cc.DEFAULT_QUEUE
+        assert route["queue"].name == expected, name
     scheduled = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert scheduled == {
         cc.POLL_ACTIVE_ATTEMPTS, cc.EXPIRE_LEASES, cc.FLEET_TICK, cc.STORAGE_SWEEP,
