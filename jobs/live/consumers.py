@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 from jobs.api import presenters
 from jobs.live import auth
@@ -302,23 +303,32 @@ class NativeJobEventsSSE(JobEventsSSE):
 class ProjectJobsSocket(AsyncJsonWebsocketConsumer):
     """``/ws/jobs``: a snapshot of the project's unfinished jobs (``data.snapshot: true``), then
     every job's status changes as ``{"type": "status", "job", "seq", "data": <event>}``. ``seq``
-    is the job's event number: a change with a seq at or below what a client has is old."""
+    is the job's event number: a change with a seq at or below what a client has is old. A
+    connection that falls behind its bounded queue gets ``{"type": "resync"}`` and a fresh
+    snapshot."""
 
     key: ApiKey | None = None
+    _queue: asyncio.Queue[Any] | None = None
+    _sender: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         await self.accept(auth.chosen_subprotocol(self.scope))
         self.key = await auth.authenticate(self.scope)
         if self.key is None:
             return await self.close(CLOSE_UNAUTHENTICATED)
+        self._queue = asyncio.Queue(maxsize=settings.TRAINHUB_LIVE_BUFFER_MESSAGES)
         await self.channel_layer.group_add(
             live.project_group(self.key.project_id), self.channel_name
         )
         auth.open_connections.add(self.key.pk, self, self._revoked)
-        for message in await _status_snapshot(self.key.project_id):
-            await self.send_json(message)
+        sending = self._send_changes(self._queue, self.key.project_id)
+        self._sender = asyncio.get_running_loop().create_task(sending)
 
     async def disconnect(self, code: int) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender
         if self.key is not None:
             auth.open_connections.discard(self.key.pk, self)
             await self.channel_layer.group_discard(
@@ -328,12 +338,42 @@ class ProjectJobsSocket(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """Clients only listen."""
 
-    async def project_status(self, message: dict[str, Any]) -> None:
-        event = event_from_fields(message["job_pk"], message["event"])
-        data = presenters.event_json(event, message["job"])
-        await self.send_json(
-            {"type": "status", "job": message["job"], "seq": event.number, "data": data}
-        )
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """A status change only joins the bounded queue (as JobEventsSocket.dispatch)."""
+        if message["type"] == live.PROJECT_MESSAGE:
+            if self._queue is not None:
+                _offer(self._queue, message)
+            return
+        await super().dispatch(message)
+
+    async def _send_changes(self, queue: asyncio.Queue[Any], project_id: int) -> None:
+        for snapshot in await _status_snapshot(project_id):
+            await self.send_json(snapshot)
+        while True:
+            message = await queue.get()
+            if message is _RESYNC:
+                await self.send_json({"type": "resync"})
+                for snapshot in await _status_snapshot(project_id):
+                    await self.send_json(snapshot)
+                continue
+            event = event_from_fields(message["job_pk"], message["event"])
+            data = presenters.event_json(event, message["job"])
+            await self.send_json(
+                {"type": "status", "job": message["job"], "seq": event.number, "data": data}
+            )
 
     async def _revoked(self) -> None:
         await self.close(CLOSE_UNAUTHENTICATED)
+
+
+_RESYNC = object()
+
+
+def _offer(queue: asyncio.Queue[Any], message: dict[str, Any]) -> None:
+    """Queue without waiting; a full queue is emptied and answered with one resync."""
+    try:
+        queue.put_nowait(message)
+    except asyncio.QueueFull:
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(_RESYNC)

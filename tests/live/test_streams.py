@@ -347,3 +347,44 @@ def test_the_web_process_names_the_stream_server_for_stream_true(api, make_job) 
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "stream_not_served_here"
     assert "stream" in r.json()["error"]["message"]
+
+
+def test_a_project_watcher_that_stops_reading_gets_resync_and_a_fresh_snapshot(
+    stream_server, make_job, user, key_of
+) -> None:
+    """Status changes pile up for a project socket that does not read (published straight to
+    the project's group, large enough to fill the socket's buffers): it is told ``resync`` and
+    sent a new snapshot, and its queue never holds more than its bound."""
+    from jobs.services import live
+
+    job = make_job()
+    raw = key_of(user)
+    status = JobEvent.objects.filter(job=job, type="status").latest("number")
+    fields = {**live.event_fields(status), "data": {"status": "queued", "pad": ""}}
+    flood = [
+        (live.project_group(job.project_id),
+         {"type": live.PROJECT_MESSAGE, "job": job.public_id, "job_pk": job.pk,
+          "event": {**fields, "data": {**fields["data"], "pad": os.urandom(6000).hex()}}})
+        for _ in range(4000)
+    ]  # fmt: skip
+
+    async def main() -> list[dict[str, Any]]:
+        url = f"{stream_server.ws_url}/ws/jobs"
+        async with connect(url, additional_headers=bearer(raw), max_queue=1) as ws:
+            first = json.loads(await asyncio.wait_for(ws.recv(), 10))  # the snapshot
+            await asyncio.to_thread(live._send_all, flood)
+            await asyncio.sleep(2)  # not reading meanwhile
+            got = [first]
+            async with asyncio.timeout(60):
+                while not (got[-1]["type"] == "status" and got[-1]["data"].get("snapshot")
+                           and any(m["type"] == "resync" for m in got)):  # fmt: skip
+                    got.append(json.loads(await ws.recv()))
+            return got
+
+    messages = asyncio.run(main())
+    kinds = [m["type"] for m in messages]
+    assert messages[0]["data"] == {"status": "queued", "snapshot": True}
+    assert "resync" in kinds
+    after = messages[kinds.index("resync") + 1]
+    assert after["job"] == job.public_id and after["data"]["snapshot"] is True
+    assert len(messages) < len(flood)  # the backlog was dropped, not delivered late
