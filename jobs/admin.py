@@ -118,6 +118,11 @@ def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Qu
     _run_service(modeladmin, request, queryset, job_services.job_cancel, "Cancelled")
 
 
+admin.site.site_header = "trainhub operations"
+admin.site.site_title = "trainhub admin"
+admin.site.index_title = "Jobs, GPU fleet, providers and webhooks"
+
+
 @admin.action(description="Pause selected jobs")
 def pause_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     _run_service(modeladmin, request, queryset, job_services.job_pause, "Paused")

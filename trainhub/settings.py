@@ -36,11 +36,14 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc files, served by us (no CDN)
     "jobs",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files before anything else (no session, no CSRF, no query-parameter checks).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "jobs.api.middleware.one_value_per_query_parameter",
@@ -94,6 +97,10 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise serves static files from the web process. Without `collectstatic` it finds them
+# in the apps (the admin's, the docs'), so a fresh clone's gunicorn serves them at once;
+# with STATIC_ROOT collected (the Docker image does) it serves those, cached forever.
+WHITENOISE_USE_FINDERS = True
 
 # --- Storage and uploads --------------------------------------------------------------------
 # `local` (a folder) or `s3` (AWS S3 or any S3-compatible service; credentials from boto3's
@@ -349,6 +356,10 @@ SPECTACULAR_SETTINGS = {
     "PREPROCESSING_HOOKS": ["jobs.api.schema.canonical_paths_only"],
     # Enums stay inline: a shared component per enum would merge the many "object"/"type" fields.
     "POSTPROCESSING_HOOKS": ["jobs.api.schema.closed_request_bodies"],
+    # Swagger UI and Redoc from drf-spectacular-sidecar's files, not a CDN: the docs work offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {
