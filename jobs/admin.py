@@ -32,6 +32,8 @@ from jobs.services import nodes as node_services
 from jobs.services import webhook_delivery, webhook_endpoints
 
 STATUS_COLORS = {
+    "validating_files": "#8250df",
+    "queued": "#bf8700",
     "succeeded": "#1a7f37",
     "failed": "#cf222e",
     "cancelled": "#6e7781",
@@ -260,7 +262,14 @@ class ArtifactAdmin(admin.ModelAdmin):
     list_filter = ("kind", "verified")
     readonly_fields = [f.name for f in Artifact._meta.fields]
 
+    # Verified bytes: created by ingest, removed with their job (jobs.services.jobs), never here.
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 

@@ -38,6 +38,8 @@ def job_transition(
     """
     now = timezone.now()
     fields: dict[str, Any] = {"status": to}
+    if to != S.QUEUED:
+        fields["waiting_reason"] = ""  # only a queued job waits; a reason would be stale
     if to in TERMINAL:
         fields["finished_at"] = now
     if to == S.FAILED:

@@ -246,3 +246,26 @@ def test_no_admin_page_shows_a_secret_field(admin_client, objects) -> None:
                 fields |= set(view.list_display)
             shown += [f"{view}: {f}" for f in fields & secret.get(each, set())]
     assert shown == []
+
+
+def test_an_artifact_page_is_truly_read_only(admin_client, objects) -> None:
+    artifact = objects["artifact"]
+    page = _page(admin_client, f"/admin/jobs/artifact/{artifact.pk}/change/")
+    assert 'name="_save"' not in page and "deletelink" not in page
+    posted = admin_client.post(f"/admin/jobs/artifact/{artifact.pk}/change/", {"size": 1})
+    assert posted.status_code == 403
+    assert admin_client.get(f"/admin/jobs/artifact/{artifact.pk}/delete/").status_code == 403
+    artifact.refresh_from_db()
+    assert artifact.size == 10
+
+
+def test_a_cancelled_job_keeps_no_waiting_reason(objects) -> None:
+    from jobs.models import TrainingJob
+    from jobs.services.jobs import job_cancel
+
+    job = objects["queued"]
+    TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="No online node fits this job.")
+    job.refresh_from_db()
+    job_cancel(job=job)
+    job.refresh_from_db()
+    assert (job.status, job.waiting_reason) == ("cancelled", "")
