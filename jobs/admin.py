@@ -49,6 +49,9 @@ STATUS_COLORS = {
 }
 
 
+ADMIN_EVENTS = 50  # events shown on a job's page
+
+
 class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
@@ -89,12 +92,26 @@ class AttemptInline(ReadOnlyInline):
 
 
 class EventInline(ReadOnlyInline):
+    """The job's latest events, newest first, without the per-second metrics and heartbeats
+    (the events API and the live stream have every one): a long job's page stays short."""
+
     model = JobEvent
-    fields = ("number", "attempt", "type", "level", "message", "created_at")
+    fields = ("number", "attempt", "type", "level", "message", "at")
     ordering = ("-number",)
+    verbose_name_plural = f"latest {ADMIN_EVENTS} events (metrics and heartbeats left out)"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).order_by("-number")
+        shown = super().get_queryset(request).exclude(type__in=("metrics", "heartbeat"))
+        job_pk = request.resolver_match.kwargs.get("object_id") if request.resolver_match else None
+        if job_pk is None:
+            return shown.none()
+        # By ids: the formset filters by job after this, which a sliced queryset refuses.
+        latest = shown.filter(job_id=job_pk).order_by("-number").values_list("pk", flat=True)
+        return shown.filter(pk__in=list(latest[:ADMIN_EVENTS])).order_by("-number")
+
+    @admin.display(description="at (UTC)")
+    def at(self, obj: JobEvent) -> str:
+        return obj.created_at.strftime("%Y-%m-%d %H:%M:%S") if obj.created_at else ""
 
 
 def _run_service(

@@ -3,6 +3,8 @@ and revocation is one-way."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.apps import apps
 from django.contrib import admin
@@ -269,3 +271,18 @@ def test_a_cancelled_job_keeps_no_waiting_reason(objects) -> None:
     job_cancel(job=job)
     job.refresh_from_db()
     assert (job.status, job.waiting_reason) == ("cancelled", "")
+
+
+def test_a_job_page_shows_its_latest_events_without_metrics(admin_client, objects) -> None:
+    from jobs.admin import ADMIN_EVENTS
+    from jobs.services.events import event_append
+
+    job = objects["queued"]
+    for i in range(ADMIN_EVENTS + 20):
+        event_append(job=job, type="log", message=f"line-{i:03d}")
+        event_append(job=job, type="metrics", message=f"metric-{i:03d}", data={"step": i})
+    page = _page(admin_client, f"/admin/jobs/trainingjob/{job.pk}/change/")
+    assert f"line-{ADMIN_EVENTS + 19:03d}" in page  # the newest
+    assert "line-000" not in page and "metric-" not in page
+    assert len(set(re.findall(r"line-\d{3}", page))) == ADMIN_EVENTS
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page)  # to the second
