@@ -5,7 +5,8 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
 from jobs.errors import ServiceError
@@ -244,8 +245,16 @@ class GpuNodeAdmin(admin.ModelAdmin):
         )  # fmt: skip
 
     @admin.action(description="Delete selected offline nodes")
-    def delete_offline(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def delete_offline(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        if request.POST.get("confirm") != "yes":  # first ask, listing what would go
+            return TemplateResponse(
+                request,
+                "admin/jobs/gpunode/delete_offline_confirmation.html",
+                {**self.admin_site.each_context(request), "nodes": list(queryset),
+                 "title": "Delete GPU nodes?"},
+            )  # fmt: skip
         self._each(request, queryset, node_services.node_delete, "Deleted")
+        return None
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -286,3 +286,20 @@ def test_a_job_page_shows_its_latest_events_without_metrics(admin_client, object
     assert "line-000" not in page and "metric-" not in page
     assert len(set(re.findall(r"line-\d{3}", page))) == ADMIN_EVENTS
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page)  # to the second
+
+
+def test_deleting_offline_nodes_asks_first(admin_client, db) -> None:
+    from jobs.models import GpuNode
+    from jobs.services.nodes import node_create
+
+    node_create(name="old-node", actor="test")
+    node = GpuNode.objects.get(name="old-node")
+    form = {"action": "delete_offline", "_selected_action": [str(node.pk)]}
+    asked = admin_client.post("/admin/jobs/gpunode/", form)
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "Delete these GPU nodes?" in page and "old-node" in page
+    assert GpuNode.objects.filter(name="old-node").exists()  # nothing deleted yet
+    done = admin_client.post("/admin/jobs/gpunode/", {**form, "confirm": "yes"})
+    assert done.status_code == 302
+    assert not GpuNode.objects.filter(name="old-node").exists()
