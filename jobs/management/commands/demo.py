@@ -30,6 +30,8 @@ from trainhub import embedded, processes
 NODE = "demo-node"
 SERVE_PORT = 8000  # --serve: where README's OpenAI SDK example finds it
 STREAM_PORT = 8001  # --serve: the stream process (WebSocket, SSE)
+ADMIN_USER = "admin"
+ADMIN_PASSWORD_FILE = "admin_password"  # noqa: S105 (a file name; the password is generated)
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 BROKEN_DATASET = (
@@ -67,6 +69,7 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         model = self.tiny_model(settings.VAR_DIR / "demo" / "tiny-model")
         user, _ = get_user_model().objects.get_or_create(username="demo")
+        self.admin_login()
         _, key = api_key_create(user=user, name="demo")
         port = SERVE_PORT if options["serve"] else processes.free_port()
         stream_port = STREAM_PORT if options["serve"] else processes.free_port()
@@ -96,6 +99,10 @@ class Command(BaseCommand):
                 f"web on :{port}, stream on :{stream_port}, a worker, beat and GPU node "
                 f"'{NODE}' (logs in {log_dir})"
             )
+            self.say(
+                f"admin: http://127.0.0.1:{port}/admin/ as '{ADMIN_USER}', password in "
+                f"{settings.VAR_DIR / ADMIN_PASSWORD_FILE} (0600)"
+            )
             http = requests.Session()
             http.headers["Authorization"] = f"Bearer {key}"
             good = self.walkthrough(http, base)
@@ -115,6 +122,17 @@ class Command(BaseCommand):
                 time.sleep(3600)
         except KeyboardInterrupt:
             self.say("stopping")
+
+    def admin_login(self) -> None:
+        """An operator login for the admin: a password generated once into var/ (0600, like
+        Flower's), never printed; the account is kept in step with the file."""
+        password = embedded.persistent_secret(settings.VAR_DIR / ADMIN_PASSWORD_FILE)
+        operator, _ = get_user_model().objects.get_or_create(
+            username=ADMIN_USER, defaults={"is_staff": True, "is_superuser": True}
+        )
+        if not operator.check_password(password):
+            operator.set_password(password)
+            operator.save(update_fields=["password"])
 
     def tiny_model(self, path: Path) -> Path:
         if not (path / "config.json").exists():
