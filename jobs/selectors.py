@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import TypeVar
 
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 
 from jobs import result_files
@@ -24,6 +25,7 @@ from jobs.models import (
 from jobs.states import JobStatus
 
 MAX_LIMIT = 100
+M = TypeVar("M", bound=Model)
 # Public ids and target names are short ASCII tokens. Anything else (junk, or a NUL byte, which
 # PostgreSQL refuses in a text parameter with a 500) cannot match a row, so it is never queried.
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -56,15 +58,20 @@ def _page(qs: QuerySet, limit: int) -> tuple[list, bool]:
     return rows[:limit], len(rows) > limit
 
 
-def _newest_first_page(
-    qs: QuerySet, *, project: Project, after: str | None, limit: int, noun: str
+def newest_first_page(
+    qs: QuerySet,
+    *,
+    among: QuerySet,
+    after: str | None,
+    limit: int,
+    noun: str,
+    key: str = "public_id",
 ) -> tuple[list, bool]:
-    """Newest first; ``after`` is the public id of the last row of the previous page."""
+    """Newest first; ``after`` is the ``key`` of the last row of the previous page, looked up
+    ``among`` the caller's rows (its project, its endpoint): anything else is a 400."""
     if after:
         pk = (
-            qs.model.objects.filter(project=project, public_id=after)
-            .values_list("pk", flat=True)
-            .first()
+            among.filter(**{key: after}).values_list("pk", flat=True).first()
             if _is_token(after)
             else None
         )
@@ -76,17 +83,24 @@ def _newest_first_page(
     return _page(qs.order_by("-pk"), limit)
 
 
+def one_by_id(
+    rows: QuerySet[M], value: str, *, missing: str, code: str, key: str = "public_id"
+) -> M:
+    """The row of ``rows`` whose ``key`` is ``value``; a 404 saying ``missing`` otherwise."""
+    found = rows.filter(**{key: value}).first() if _is_token(value) else None
+    if found is None:
+        raise NotFound(missing, code=code)
+    return found
+
+
 def job_get(*, project: Project, job_id: str) -> TrainingJob:
-    job = (
-        TrainingJob.objects.select_related("project", "training_file", "validation_file")
-        .filter(project=project, public_id=job_id)
-        .first()
-        if _is_token(job_id)
-        else None
+    rows = TrainingJob.objects.select_related("project", "training_file", "validation_file")
+    return one_by_id(
+        rows.filter(project=project),
+        job_id,
+        missing=f"No fine-tuning job '{job_id}'.",
+        code="job_not_found",
     )
-    if job is None:
-        raise NotFound(f"No fine-tuning job '{job_id}'.", code="job_not_found")
-    return job
 
 
 def parse_metadata_filter(query: Mapping[str, str]) -> dict[str, str]:
@@ -138,7 +152,8 @@ def job_list(
                 param="target",
             )
         qs = qs.filter(target=target)
-    return _newest_first_page(qs, project=project, after=after, limit=limit, noun="job")
+    among = TrainingJob.objects.filter(project=project)
+    return newest_first_page(qs, among=among, after=after, limit=limit, noun="job")
 
 
 def _event_number(after: str, job: TrainingJob, kind: str, noun: str) -> int:
@@ -198,23 +213,21 @@ def _metrics_before(checkpoint: JobEvent) -> dict:
 
 
 def file_get(*, project: Project, file_id: str) -> TrainingFile:
-    found = (
-        TrainingFile.objects.filter(project=project, public_id=file_id).first()
-        if _is_token(file_id)
-        else None
+    return one_by_id(
+        TrainingFile.objects.filter(project=project),
+        file_id,
+        missing=f"No file '{file_id}'.",
+        code="file_not_found",
     )
-    if found is None:
-        raise NotFound(f"No file '{file_id}'.", code="file_not_found")
-    return found
 
 
 def file_list(
     *, project: Project, after: str | None, limit: int, purpose: str | None = None
 ) -> tuple[list[TrainingFile], bool]:
-    qs = TrainingFile.objects.filter(project=project)
+    among = qs = TrainingFile.objects.filter(project=project)
     if purpose:
         qs = qs.filter(purpose=purpose) if _is_token(purpose) else qs.none()
-    return _newest_first_page(qs, project=project, after=after, limit=limit, noun="file")
+    return newest_first_page(qs, among=among, after=after, limit=limit, noun="file")
 
 
 def result_file_get(project: Project, file_id: str) -> result_files.ResultFile:

@@ -5,20 +5,18 @@ from __future__ import annotations
 
 from django.db.models import Prefetch
 
-from jobs.errors import InvalidRequest, NotFound
+from jobs.errors import InvalidRequest
 from jobs.models import Project, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from jobs.selectors import _is_token, _page
+from jobs.selectors import newest_first_page, one_by_id
 
 
 def endpoint_get(*, project: Project, endpoint_id: str) -> WebhookEndpoint:
-    endpoint = (
-        WebhookEndpoint.objects.filter(project=project, public_id=endpoint_id).first()
-        if _is_token(endpoint_id)
-        else None
+    return one_by_id(
+        WebhookEndpoint.objects.filter(project=project),
+        endpoint_id,
+        missing=f"No webhook endpoint '{endpoint_id}'.",
+        code="webhook_endpoint_not_found",
     )
-    if endpoint is None:
-        raise NotFound(f"No webhook endpoint '{endpoint_id}'.", code="webhook_endpoint_not_found")
-    return endpoint
 
 
 def endpoint_list(
@@ -26,18 +24,7 @@ def endpoint_list(
 ) -> tuple[list[WebhookEndpoint], bool]:
     """Newest first; ``after``: the id of the last endpoint of the previous page."""
     qs = WebhookEndpoint.objects.filter(project=project)
-    if after:
-        pk = (
-            qs.filter(public_id=after).values_list("pk", flat=True).first()
-            if _is_token(after)
-            else None
-        )
-        if pk is None:
-            raise InvalidRequest(
-                f"after: no webhook endpoint '{after}'.", code="invalid_value", param="after"
-            )
-        qs = qs.filter(pk__lt=pk)
-    return _page(qs.order_by("-pk"), limit)
+    return newest_first_page(qs, among=qs, after=after, limit=limit, noun="webhook endpoint")
 
 
 def _with_attempts(qs):  # type: ignore[no-untyped-def]
@@ -47,23 +34,21 @@ def _with_attempts(qs):  # type: ignore[no-untyped-def]
 
 
 def delivery_get(*, endpoint: WebhookEndpoint, delivery_id: str) -> WebhookDelivery:
-    delivery = (
-        _with_attempts(
-            WebhookDelivery.objects.filter(endpoint=endpoint, message_id=delivery_id)
-        ).first()
-        if _is_token(delivery_id)
-        else None
+    return one_by_id(
+        _with_attempts(WebhookDelivery.objects.filter(endpoint=endpoint)),
+        delivery_id,
+        key="message_id",
+        missing=f"No webhook delivery '{delivery_id}'.",
+        code="webhook_delivery_not_found",
     )
-    if delivery is None:
-        raise NotFound(f"No webhook delivery '{delivery_id}'.", code="webhook_delivery_not_found")
-    return delivery
 
 
 def delivery_list(
     *, endpoint: WebhookEndpoint, status: str | None, after: str | None, limit: int
 ) -> tuple[list[WebhookDelivery], bool]:
     """The endpoint's deliveries, newest first, each with its tries."""
-    qs = WebhookDelivery.objects.filter(endpoint=endpoint)
+    among = WebhookDelivery.objects.filter(endpoint=endpoint)
+    qs = among
     if status:
         if status not in WebhookDelivery.Status.values:
             raise InvalidRequest(
@@ -72,17 +57,7 @@ def delivery_list(
                 param="status",
             )
         qs = qs.filter(status=status)
-    if after:
-        pk = (
-            WebhookDelivery.objects.filter(endpoint=endpoint, message_id=after)
-            .values_list("pk", flat=True)
-            .first()
-            if _is_token(after)
-            else None
-        )
-        if pk is None:
-            raise InvalidRequest(
-                f"after: no webhook delivery '{after}'.", code="invalid_value", param="after"
-            )
-        qs = qs.filter(pk__lt=pk)
-    return _page(_with_attempts(qs).order_by("-pk"), limit)
+    return newest_first_page(
+        _with_attempts(qs), among=among, after=after, limit=limit, noun="webhook delivery",
+        key="message_id",
+    )  # fmt: skip

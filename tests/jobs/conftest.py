@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from django.test import Client
 
 from gpu_worker.bundle import write_bundle
 from jobs import storage
@@ -200,3 +201,12 @@ def ingested(finalizing) -> Ingested:
     assert artifact is not None
     job.refresh_from_db()
     return Ingested(job, artifact, bundle)
+
+
+@pytest.fixture
+def admin_client(make_user) -> Client:
+    """A Django test client signed in as a superuser (the admin's tests)."""
+    root = make_user("root", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(root)
+    return client

@@ -25,14 +25,6 @@ SECRET = "rk_secret_for_admin"
 
 
 @pytest.fixture
-def admin_client(make_user) -> Client:
-    root = make_user("root", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(root)
-    return client
-
-
-@pytest.fixture
 def objects(user, project, make_job):
     queued = make_job()
     cancelled = make_job()

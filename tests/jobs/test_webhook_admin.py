@@ -3,22 +3,12 @@ shown once in a message and never on a page; the delivery log with every try."""
 
 from __future__ import annotations
 
-import pytest
 from django.contrib.messages import get_messages
-from django.test import Client
 
 from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.services import webhook_endpoints
 
 PUBLIC_URL = "https://93.184.215.14/hooks"
-
-
-@pytest.fixture
-def admin_client(make_user) -> Client:
-    root = make_user("root", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(root)
-    return client
 
 
 def shown_messages(response) -> list[str]:
