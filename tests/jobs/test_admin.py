@@ -266,7 +266,7 @@ def test_a_cancelled_job_keeps_no_waiting_reason(objects) -> None:
 
 
 def test_a_job_page_shows_its_latest_events_without_metrics(admin_client, objects) -> None:
-    from jobs.admin import ADMIN_EVENTS
+    from jobs.admin.training_jobs import ADMIN_EVENTS
     from jobs.services.events import event_append
 
     job = objects["queued"]

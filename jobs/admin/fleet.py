@@ -1,0 +1,89 @@
+"""The own GPU fleet: nodes, their history, drain / undrain / delete."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from jobs.admin.common import ReadOnlyInline, colored
+from jobs.errors import ServiceError
+from jobs.models import (
+    GpuNode,
+    NodeEvent,
+)
+from jobs.services import nodes as node_services
+
+
+class NodeEventInline(ReadOnlyInline):
+    model = NodeEvent
+    fields = ("created_at", "kind", "message", "actor")
+    ordering = ("-id",)
+
+
+@admin.register(GpuNode)
+class GpuNodeAdmin(admin.ModelAdmin):
+    """Nodes are created (and tokens rotated) with the API or `manage.py create_node`, which
+    show the token once; the admin never shows it."""
+
+    list_display = ("name", "node_status", "draining", "gpus", "labels", "current_attempt",
+                    "last_heartbeat_at")  # fmt: skip
+    list_filter = ("status", "draining", "ephemeral")
+    search_fields = ("name",)
+    exclude = ("token_sha256",)
+    readonly_fields = [f.name for f in GpuNode._meta.fields if f.name != "token_sha256"]
+    inlines = [NodeEventInline]
+    actions = ["drain", "undrain", "delete_offline"]
+
+    @admin.display(description="status", ordering="status")
+    def node_status(self, obj: GpuNode) -> str:
+        return colored(obj.status)
+
+    @admin.display(description="GPUs")
+    def gpus(self, obj: GpuNode) -> str:
+        gpus = (obj.capabilities or {}).get("gpus") or []
+        return ", ".join(f"{g.get('name')} ({g.get('vram_mb')} MiB)" for g in gpus) or "none"
+
+    def _each(self, request: HttpRequest, queryset: QuerySet, action, verb: str) -> None:
+        done = 0
+        for node in queryset:
+            try:
+                action(node=node, actor=request.user.get_username())
+                done += 1
+            except ServiceError as exc:
+                self.message_user(request, f"Skipped {node.name}: {exc.message}", messages.WARNING)
+        if done:
+            self.message_user(request, f"{verb} {done} node(s).", messages.SUCCESS)
+
+    @admin.action(description="Drain selected nodes (finish the current job, take no new one)")
+    def drain(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(
+            request, queryset,
+            lambda **kw: node_services.node_set_draining(draining=True, **kw), "Draining",
+        )  # fmt: skip
+
+    @admin.action(description="Undrain selected nodes")
+    def undrain(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(
+            request, queryset,
+            lambda **kw: node_services.node_set_draining(draining=False, **kw), "Undrained",
+        )  # fmt: skip
+
+    @admin.action(description="Delete selected offline nodes")
+    def delete_offline(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        if request.POST.get("confirm") != "yes":  # first ask, listing what would go
+            return TemplateResponse(
+                request,
+                "admin/jobs/gpunode/delete_offline_confirmation.html",
+                {**self.admin_site.each_context(request), "nodes": list(queryset),
+                 "title": "Delete GPU nodes?"},
+            )  # fmt: skip
+        self._each(request, queryset, node_services.node_delete, "Deleted")
+        return None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # delete_offline goes through the service (offline nodes only)

@@ -1,0 +1,63 @@
+"""Stored data: training files, artifacts and pending storage deletions (all read-only)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from jobs.models import (
+    Artifact,
+    StorageDeletion,
+    TrainingFile,
+)
+
+
+@admin.register(TrainingFile)
+class TrainingFileAdmin(admin.ModelAdmin):
+    list_display = (
+        "public_id",
+        "filename",
+        "status",
+        "format",
+        "example_count",
+        "bytes",
+        "project",
+    )
+    list_filter = ("status", "format")
+    search_fields = ("public_id", "filename", "sha256")
+    readonly_fields = [f.name for f in TrainingFile._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = ("public_id", "job", "kind", "size", "verified", "created_at")
+    list_filter = ("kind", "verified")
+    readonly_fields = [f.name for f in Artifact._meta.fields]
+
+    # Verified bytes: created by ingest, removed with their job (jobs.services.jobs), never here.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(StorageDeletion)
+class StorageDeletionAdmin(admin.ModelAdmin):
+    """Objects of deleted jobs and files, purged by the retention sweep until their URLs expire."""
+
+    list_display = ("key", "reason", "created_at", "last_purged_at")
+    search_fields = ("key",)
+    readonly_fields = [f.name for f in StorageDeletion._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
