@@ -71,6 +71,12 @@ PERIODIC = (
 )
 
 
+# Housekeeping every few seconds, and the per-target polls it fans out: these send no task
+# events (Task.send_events), so Flower's task list shows work, not ticks. Their failures
+# still reach the worker's log.
+QUIET_TASKS = frozenset({p.task for p in PERIODIC if p.every_seconds <= 60} | {POLL_TARGET})
+
+
 def beat_schedule() -> dict[str, dict[str, object]]:
     """Celery's beat_schedule from PERIODIC. A tick not run within its own interval expires,
     so a backed-up worker never runs a pile of stale ones."""

@@ -7,6 +7,8 @@ take a Redis lock through ``single_runner``; a run that finds it held is skipped
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from celery import Task, shared_task
 
@@ -33,40 +35,47 @@ from providers import registry
 log = logging.getLogger(__name__)
 
 
-@shared_task(name=cc.VALIDATE_FILE, ignore_result=True)
+def task(name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A control-plane task under its wire name; quiet ones send no events (celery_conf)."""
+    return shared_task(
+        name=name, ignore_result=True, send_events=name not in cc.QUIET_TASKS, **options
+    )
+
+
+@task(cc.VALIDATE_FILE)
 def validate_file(file_pk: int) -> None:
     files.file_validate(file_pk=file_pk)
 
 
-@shared_task(name=cc.PLACE_JOB, ignore_result=True)
+@task(cc.PLACE_JOB)
 def place_job(job_pk: int) -> None:
     placement.job_place(job_pk=job_pk)
 
 
-@shared_task(name=cc.PROVISION_ATTEMPT, ignore_result=True)
+@task(cc.PROVISION_ATTEMPT)
 def provision_attempt(attempt_pk: int, try_number: int = 0) -> None:
     launch.attempt_provision(attempt_pk=attempt_pk, try_number=try_number)
 
 
-@shared_task(name=cc.POLL_ATTEMPT, ignore_result=True)
+@task(cc.POLL_ATTEMPT)
 def poll_attempt(attempt_pk: int) -> None:
     polling.attempt_poll(attempt_pk=attempt_pk)
 
 
-@shared_task(name=cc.RECONCILE_PROVIDERS, ignore_result=True)
+@task(cc.RECONCILE_PROVIDERS)
 @single_runner("reconcile", ttl_seconds=cc.RECONCILE_INTERVAL_SECONDS * 2)
 def reconcile_providers() -> None:
     terminated = reconcile.providers_reconcile()
     log.info("reconciler: %d orphaned machine(s) terminated", terminated)
 
 
-@shared_task(name=cc.PLACE_WAITING, ignore_result=True)
+@task(cc.PLACE_WAITING)
 @single_runner("place-waiting", ttl_seconds=cc.PLACE_INTERVAL_SECONDS * 6)
 def place_waiting() -> None:
     placement.jobs_place_waiting()
 
 
-@shared_task(name=cc.POLL_ACTIVE_ATTEMPTS, ignore_result=True)
+@task(cc.POLL_ACTIVE_ATTEMPTS)
 def poll_active_attempts() -> None:
     """Fan out one poll per cloud target. Each expires after one interval, so a slow cycle
     drops stale polls instead of piling them up."""
@@ -74,23 +83,23 @@ def poll_active_attempts() -> None:
         messages.send_poll_target(target.name, expires=cc.POLL_INTERVAL_SECONDS)
 
 
-@shared_task(name=cc.POLL_TARGET, ignore_result=True)
+@task(cc.POLL_TARGET)
 @single_runner(lambda target: f"poll:{target}", ttl_seconds=cc.POLL_INTERVAL_SECONDS * 6)
 def poll_target(target: str) -> None:
     polling.attempts_poll_target(target=target)
 
 
-@shared_task(name=cc.STOP_MACHINES, ignore_result=True)
+@task(cc.STOP_MACHINES)
 def stop_machines(job_pk: int) -> None:
     stopping.job_stop_machines(job_pk=job_pk)
 
 
-@shared_task(name=cc.INGEST_ARTIFACT, ignore_result=True)
+@task(cc.INGEST_ARTIFACT)
 def ingest_artifact(attempt_pk: int, reported_sha256: str = "") -> None:
     artifacts.artifact_ingest(attempt_pk=attempt_pk, reported_sha256=reported_sha256)
 
 
-@shared_task(name=cc.EXPIRE_LEASES, ignore_result=True)
+@task(cc.EXPIRE_LEASES)
 @single_runner("expire-leases", ttl_seconds=cc.EXPIRE_LEASES_INTERVAL_SECONDS * 4)
 def expire_leases() -> None:
     attempts.attempts_expire_leases()
@@ -99,12 +108,12 @@ def expire_leases() -> None:
 # --- the own GPU fleet ------------------------------------------------------------------------
 
 
-@shared_task(name=cc.DISPATCH, ignore_result=True)
+@task(cc.DISPATCH)
 def dispatch_jobs() -> None:
     dispatch.dispatch_queued()
 
 
-@shared_task(name=cc.FLEET_TICK, ignore_result=True)
+@task(cc.FLEET_TICK)
 @single_runner("fleet-tick", ttl_seconds=cc.FLEET_TICK_INTERVAL_SECONDS * 6)
 def fleet_tick() -> None:
     """Beat: nodes gone silent go offline, broker users a restarted Redis forgot come back,
@@ -118,12 +127,12 @@ def fleet_tick() -> None:
 # --- storage retention ------------------------------------------------------------------------
 
 
-@shared_task(name=cc.PURGE_STORAGE, ignore_result=True)
+@task(cc.PURGE_STORAGE)
 def purge_storage(deletion_pk: int) -> None:
     retention.storage_purge(deletion_pk=deletion_pk)
 
 
-@shared_task(name=cc.STORAGE_SWEEP, ignore_result=True)
+@task(cc.STORAGE_SWEEP)
 @single_runner("storage-sweep", ttl_seconds=cc.STORAGE_SWEEP_INTERVAL_SECONDS)
 def storage_sweep() -> None:
     report = retention.storage_sweep()
@@ -133,7 +142,7 @@ def storage_sweep() -> None:
 # --- notifications ----------------------------------------------------------------------------
 
 
-@shared_task(bind=True, name=cc.NOTIFY_JOB, ignore_result=True)
+@task(cc.NOTIFY_JOB, bind=True)
 def notify_job(self: Task, job_pk: int, status_event_number: int) -> None:
     """A job ended: its creator's notification event (once) and email (retried if deferred)."""
     retries = self.request.retries
@@ -157,12 +166,12 @@ def notify_job(self: Task, job_pk: int, status_event_number: int) -> None:
 # --- outbound webhooks ------------------------------------------------------------------------
 
 
-@shared_task(name=cc.DELIVER_WEBHOOK, ignore_result=True)
+@task(cc.DELIVER_WEBHOOK)
 def deliver_webhook(delivery_pk: int) -> None:
     webhook_delivery.delivery_try(delivery_pk=delivery_pk)
 
 
-@shared_task(name=cc.WEBHOOKS_DUE, ignore_result=True)
+@task(cc.WEBHOOKS_DUE)
 @single_runner("webhooks-due", ttl_seconds=cc.WEBHOOKS_DUE_INTERVAL_SECONDS * 6)
 def webhooks_due() -> None:
     webhook_delivery.deliveries_send_due()

@@ -58,13 +58,15 @@ WSGI_APPLICATION = "trainhub.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # Project templates first: they override the admin's own (base_site: the Flower link).
+        "DIRS": [BASE_DIR / "trainhub" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "trainhub.context_processors.operator_links",
             ]
         },
     }
@@ -300,6 +302,9 @@ CELERY_BEAT_SCHEDULE = celery_conf.beat_schedule()
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=200) or None
 # Locks (per-target poll, single beat) live in the broker's Redis.
 TRAINHUB_LOCK_REDIS_URL = env.str("TRAINHUB_LOCK_REDIS_URL", default="") or CELERY_BROKER_URL
+
+# Flower (Procfile ``flower``, trainhub/flower.py) as operators reach it; linked from the admin.
+TRAINHUB_FLOWER_URL = env.str("TRAINHUB_FLOWER_URL", default="http://127.0.0.1:5555/")
 
 # --- Live updates (jobs/live/, the stream process) ------------------------------------------
 # Where clients reach the stream process (told by the web process's answer to ?stream=true).

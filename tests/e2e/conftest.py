@@ -126,7 +126,10 @@ def control_worker(
         "control-worker",
         [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", f"{cc.DEFAULT_QUEUE},{cc.WEBHOOKS_QUEUE}",
          "-c", "1", "-P", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
-         "-l", "info", "-n", f"{CONTROL_WORKER}@%h"],
+         # Task events on (the Procfile's worker has them when Flower asks; without heartbeat
+         # this one has no event dispatcher to switch on): Flower's view is tested, and the
+         # broker watch reads the events too.
+         "-E", "-l", "info", "-n", f"{CONTROL_WORKER}@%h"],
         env, shared_dir / "control-worker.log",
     ).start()  # fmt: skip
     try:
