@@ -98,10 +98,11 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(env.str("TRAINHUB_STATIC_ROOT", default=str(VAR_DIR / "static")))
 # WhiteNoise serves static files from the web process. Without `collectstatic` it finds them
 # in the apps (the admin's, the docs'), so a fresh clone's gunicorn serves them at once;
-# with STATIC_ROOT collected (the Docker image does) it serves those, cached forever.
+# with STATIC_ROOT collected (the control-plane image does, into /app/static) it serves
+# those, cached forever.
 WHITENOISE_USE_FINDERS = True
 
 # --- Storage and uploads --------------------------------------------------------------------
