@@ -31,13 +31,14 @@ $(PY):
 	@echo "creating $(VENV) with $(PYTHON3)"
 	@$(PYTHON3) -m venv $(VENV)
 
-# Re-runs pip whenever a requirements file is newer than the last successful install. Quiet:
-# pip's output goes to $(PIP_LOG) and is printed only if it fails.
-$(STAMP): $(REQUIREMENTS) | $(PY)
-	@bash scripts/install_requirements.sh $(PY) requirements/dev.txt $(PIP_LOG)
+# Re-runs pip whenever a requirements file (or pyproject.toml: the `trainhub` CLI's entry point)
+# is newer than the last successful install. Quiet: pip's output goes to $(PIP_LOG) and is
+# printed only if it fails. Then the project itself, editable: the `trainhub` console script.
+$(STAMP): $(REQUIREMENTS) pyproject.toml | $(PY)
+	@bash scripts/install_requirements.sh $(PY) requirements/dev.txt $(PIP_LOG) .
 	@touch $@
 
-venv: $(STAMP) ## create .venv and install requirements/dev.txt (only when they changed)
+venv: $(STAMP) ## create .venv, install requirements/dev.txt and the trainhub CLI (when changed)
 
 services: ## make sure PostgreSQL and Redis answer (starting them) and openssh-server is there
 	bash scripts/ensure_services.sh

@@ -25,6 +25,8 @@ SERVICE_LAYERS: list[tuple[str, set[str]]] = [
     ("celery messages", {"messages"}),
     # What storing an event sets off once it commits: the live stream, the webhook outbox.
     ("publishing", {"live", "webhook_outbox"}),
+    # The audit trail's writer: every state-changing service above records through it.
+    ("audit trail", {"audit"}),
     (
         "foundations",
         {"events", "costs", "projects", "specs", "webhooks", "job_request", "webhook_endpoints"},

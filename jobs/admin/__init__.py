@@ -5,10 +5,12 @@ One module per area; importing them registers their pages with the admin site.
 
 from django.contrib import admin
 
-from jobs.admin import fleet, projects, stored, training_jobs, webhooks
+from jobs.admin import audit, fleet, projects, stored, training_jobs, webhooks
 
 admin.site.site_header = "trainhub operations"
 admin.site.site_title = "trainhub admin"
-admin.site.index_title = "Jobs, GPU fleet, providers and webhooks"
+admin.site.index_title = "Jobs, GPU fleet, providers, webhooks and the audit trail"
+admin.site.index_template = "admin/jobs/dashboard_index.html"  # the operator dashboard on top
+admin.site.site_url = None  # no "View site": the API's root is not a page
 
-__all__ = ["fleet", "projects", "stored", "training_jobs", "webhooks"]
+__all__ = ["audit", "fleet", "projects", "stored", "training_jobs", "webhooks"]

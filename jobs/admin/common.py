@@ -1,13 +1,24 @@
-"""What every admin page shares: status colours, read-only inlines, job actions through the services."""
+"""What every admin page shares: status colours, read-only inlines, job actions through the
+services, and who acts.
+
+Every admin change goes through a service with ``admin_actor(request)``, which writes the audit
+trail (jobs.services.audit), and leaves a Django ``LogEntry`` (the index's "Recent actions")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from django.contrib import admin, messages
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
 from jobs.errors import ServiceError
+from jobs.services.audit import Actor
+
+M = TypeVar("M", bound=models.Model)
 
 STATUS_COLORS = {
     "validating_files": "#8250df",
@@ -48,13 +59,50 @@ def colored(status: str) -> str:
     return format_html('<b style="color:{}">{}</b>', STATUS_COLORS.get(status, "#24292f"), status)
 
 
+def admin_actor(request: HttpRequest) -> Actor:
+    """The signed-in staff user, as the audit trail names them (source admin)."""
+    return Actor.staff(request.user)
+
+
+def each_through_service(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    objects: QuerySet[M] | list[M],
+    action: Callable[[M, Actor], Any],
+    *,
+    message: str,
+    deletion: bool = False,
+) -> tuple[int, list[tuple[M, ServiceError]]]:
+    """Run ``action(obj, actor)`` on each object, one transaction each, with its Django
+    LogEntry (before the row goes, for a deletion). Returns how many succeeded and the
+    refusals (nothing is logged for a refused one: its transaction rolled back)."""
+    actor = admin_actor(request)
+    done, refused = 0, list[tuple[M, ServiceError]]()
+    for obj in objects:
+        try:
+            with transaction.atomic():
+                if deletion:
+                    modeladmin.log_deletions(request, type(obj)._default_manager.filter(pk=obj.pk))
+                action(obj, actor)
+                if not deletion:
+                    modeladmin.log_change(request, obj, message)
+            done += 1
+        except ServiceError as exc:
+            refused.append((obj, exc))
+    return done, refused
+
+
 def run_job_action(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, action, verb: str
 ) -> None:
+    """A job action (``action(job=…, actor=…)``: a jobs.services.jobs function) on each selected
+    job, by the signed-in staff user: an audit entry and a LogEntry per job it changed."""
     done = 0
     for job in queryset:
         try:
-            action(job=job)
+            with transaction.atomic():
+                action(job=job, actor=admin_actor(request))
+                modeladmin.log_change(request, job, f"{verb} (admin action).")
             done += 1
         except ServiceError as exc:
             # Not "ftjob-…: …": the admin template capitalises a message's first letter, which

@@ -7,8 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from jobs.admin.common import ReadOnlyInline, colored
-from jobs.errors import ServiceError
+from jobs.admin.common import ReadOnlyInline, colored, each_through_service
 from jobs.models import (
     GpuNode,
     NodeEvent,
@@ -45,14 +44,19 @@ class GpuNodeAdmin(admin.ModelAdmin):
         gpus = (obj.capabilities or {}).get("gpus") or []
         return ", ".join(f"{g.get('name')} ({g.get('vram_mb')} MiB)" for g in gpus) or "none"
 
-    def _each(self, request: HttpRequest, queryset: QuerySet, action, verb: str) -> None:
-        done = 0
-        for node in queryset:
-            try:
-                action(node=node, actor=request.user.get_username())
-                done += 1
-            except ServiceError as exc:
-                self.message_user(request, f"Skipped {node.name}: {exc.message}", messages.WARNING)
+    def _each(
+        self, request: HttpRequest, queryset: QuerySet, action, verb: str, deletion: bool = False
+    ) -> None:
+        done, refused = each_through_service(
+            self,
+            request,
+            queryset,
+            lambda node, actor: action(node=node, actor=actor),
+            message=f"{verb} (admin action).",
+            deletion=deletion,
+        )
+        for node, exc in refused:
+            self.message_user(request, f"Skipped {node.name}: {exc.message}", messages.WARNING)
         if done:
             self.message_user(request, f"{verb} {done} node(s).", messages.SUCCESS)
 
@@ -79,7 +83,7 @@ class GpuNodeAdmin(admin.ModelAdmin):
                 {**self.admin_site.each_context(request), "nodes": list(queryset),
                  "title": "Delete GPU nodes?"},
             )  # fmt: skip
-        self._each(request, queryset, node_services.node_delete, "Deleted")
+        self._each(request, queryset, node_services.node_delete, "Deleted", deletion=True)
         return None
 
     def has_add_permission(self, request: HttpRequest) -> bool:

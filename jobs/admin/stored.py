@@ -27,7 +27,15 @@ class TrainingFileAdmin(admin.ModelAdmin):
     search_fields = ("public_id", "filename", "sha256")
     readonly_fields = [f.name for f in TrainingFile._meta.fields]
 
+    # Uploaded through the API, validated by a task, deleted through the API (which also
+    # purges the stored bytes): never added, changed or deleted here.
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs.admin.common import ReadOnlyInline
+from jobs.admin.common import ReadOnlyInline, admin_actor, each_through_service
 from jobs.errors import ServiceError
 from jobs.models import (
     WebhookAttempt,
@@ -40,8 +42,9 @@ class WebhookEndpointForm(forms.ModelForm):
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
-    """Created and changed through the same services as the API; the secret is shown once in
-    a message after create and after rotate, never on a page or in a list."""
+    """Created, changed and deleted through the same services as the API, with the signed-in
+    staff user as the audit trail's actor; the secret is shown once in a message after create
+    and after rotate, never on a page or in a list. A delete asks first (Django's own page)."""
 
     form = WebhookEndpointForm
     list_display = ("public_id", "url", "project", "enabled", "disabled_reason", "failing_since",
@@ -60,10 +63,15 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: WebhookEndpoint, form: forms.ModelForm, change: bool
     ) -> None:
         data = {k: form.cleaned_data[k] for k in ("url", "event_types", "description", "enabled")}
+        actor = admin_actor(request)
         if change:
-            webhook_endpoints.endpoint_update(endpoint=obj, data=data)
+            # The form has already set the new values on obj; the service compares with the row.
+            current = WebhookEndpoint.objects.get(pk=obj.pk)
+            webhook_endpoints.endpoint_update(endpoint=current, data=data, actor=actor)
             return
-        endpoint, secret = webhook_endpoints.endpoint_create(project=obj.project, data=data)
+        endpoint, secret = webhook_endpoints.endpoint_create(
+            project=obj.project, data=data, actor=actor
+        )
         obj.pk, obj.public_id, obj._state.adding = endpoint.pk, endpoint.public_id, False
         self.message_user(
             request,
@@ -72,27 +80,43 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         )
 
     def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
-        webhook_endpoints.endpoint_delete(endpoint=obj)
+        webhook_endpoints.endpoint_delete(endpoint=obj, actor=admin_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        # Django's "delete selected" (after its confirmation page): each through the service.
+        for endpoint in queryset:
+            webhook_endpoints.endpoint_delete(endpoint=endpoint, actor=admin_actor(request))
 
     @admin.action(description="Rotate the signing secret (the old one signs during the overlap)")
     def rotate_secret(self, request: HttpRequest, queryset: QuerySet) -> None:
-        for endpoint in queryset:
-            secret = webhook_endpoints.endpoint_rotate_secret(endpoint=endpoint)
+        def rotate(endpoint: Any, actor: Any) -> None:
+            secret = webhook_endpoints.endpoint_rotate_secret(endpoint=endpoint, actor=actor)
             self.message_user(
                 request,
                 f"New signing secret of {endpoint.public_id}, shown this once: {secret}",
                 messages.WARNING,
             )
 
+        each_through_service(self, request, queryset, rotate, message="Signing secret rotated.")
+
+    def _set_enabled(self, request: HttpRequest, queryset: QuerySet, enabled: bool) -> None:
+        each_through_service(
+            self,
+            request,
+            queryset,
+            lambda endpoint, actor: webhook_endpoints.endpoint_update(
+                endpoint=endpoint, data={"enabled": enabled}, actor=actor
+            ),
+            message="Enabled." if enabled else "Disabled.",
+        )
+
     @admin.action(description="Enable selected endpoints")
     def enable(self, request: HttpRequest, queryset: QuerySet) -> None:
-        for endpoint in queryset:
-            webhook_endpoints.endpoint_update(endpoint=endpoint, data={"enabled": True})
+        self._set_enabled(request, queryset, True)
 
     @admin.action(description="Disable selected endpoints")
     def disable(self, request: HttpRequest, queryset: QuerySet) -> None:
-        for endpoint in queryset:
-            webhook_endpoints.endpoint_update(endpoint=endpoint, data={"enabled": False})
+        self._set_enabled(request, queryset, False)
 
 
 class WebhookAttemptInline(ReadOnlyInline):

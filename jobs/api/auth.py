@@ -12,6 +12,7 @@ from rest_framework.request import Request
 
 from jobs.locks import redis_client
 from jobs.models import ApiKey, Project
+from jobs.services.audit import Actor
 from jobs.services.projects import api_key_authenticate, project_default_for_user
 
 
@@ -50,6 +51,14 @@ def request_project(request: Request) -> Project:
     if isinstance(request.auth, ApiKey):
         return request.auth.project
     return project_default_for_user(user=request_user(request))
+
+
+def request_actor(request: Request) -> Actor:
+    """Who the audit trail says acted: the bearer key (its user and prefix), else the
+    browser session's user."""
+    if isinstance(request.auth, ApiKey):
+        return Actor.api_key(request.auth)
+    return Actor.api_user(request_user(request))
 
 
 class ApiRateThrottle(throttling.BaseThrottle):

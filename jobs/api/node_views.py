@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 from jobs import selectors
 from jobs.api import presenters as p
 from jobs.api import serializers as sz
+from jobs.api.auth import request_actor
 from jobs.api.schema import responses
 from jobs.api.views import JSONBodyParser, _body
 from jobs.errors import Conflict, InvalidRequest, ServiceError
@@ -60,7 +61,7 @@ class NodeListView(APIView):
     def post(self, request: Request) -> Response:
         """Create a node; the response carries its token, shown this once."""
         node, token = node_services.node_create(
-            name=_body(request, ("name",)).get("name"), actor=request.user.get_username()
+            name=_body(request, ("name",)).get("name"), actor=request_actor(request)
         )
         return Response({**p.node_json(node), "token": token}, status=status.HTTP_201_CREATED)
 
@@ -83,7 +84,7 @@ class NodeDetailView(APIView):
     )
     def delete(self, request: Request, name: str) -> Response:
         node = node_services.node_get(name=name)
-        node_services.node_delete(node=node, actor=request.user.get_username())
+        node_services.node_delete(node=node, actor=request_actor(request))
         return Response({"id": name, "object": "gpu_node", "deleted": True})
 
 
@@ -101,7 +102,7 @@ class NodeActionView(APIView):
     )
     def post(self, request: Request, name: str) -> Response:
         node = node_services.node_get(name=name)
-        actor = request.user.get_username()
+        actor = request_actor(request)
         if self.action == "rotate-token":
             token = node_services.node_rotate_token(node=node, actor=actor)
             return Response({**p.node_json(node), "token": token})

@@ -567,3 +567,39 @@ class WebhookDeliveryOut(s.Serializer):
 
 
 WebhookDeliveryList = page_of(WebhookDeliveryOut, "WebhookDeliveryList")
+
+
+# --- the audit trail (staff) ------------------------------------------------------------------
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {
+            "type": "object",
+            "properties": {"from": {}, "to": {}},
+            "required": ["from", "to"],
+        },
+    }
+)
+class AuditChanges(s.JSONField):
+    pass
+
+
+class AuditEntry(s.Serializer):
+    id = s.CharField(help_text="audit-…")
+    object = _enum(["audit_entry"])
+    created_at = s.IntegerField()
+    actor = s.CharField(help_text="username, manage.py command, or system")
+    # Serializer's own `source` attribute is not this field (DRF collects declared fields).
+    source = _enum(["api", "admin", "cli", "system"])  # type: ignore[assignment]
+    api_key_prefix = s.CharField(allow_null=True, help_text="the key's public prefix (source api)")
+    action = s.CharField(help_text="<object>.<verb>, e.g. job.cancel, api_key.revoke")
+    object_type = s.CharField()
+    object_id = s.CharField(help_text="public id, name or key prefix")
+    object_repr = s.CharField(allow_blank=True)
+    project = s.CharField(allow_null=True, help_text="the project's slug")
+    changes = AuditChanges(help_text='{"field": {"from", "to"}}; secrets only as "set"/"rotated"')
+
+
+AuditEntryList = page_of(AuditEntry, "AuditEntryList")

@@ -1,4 +1,5 @@
 from jobs.api import (
+    audit_views,
     node_views,
     openai_urls,
     provider_views,
@@ -45,6 +46,8 @@ urlpatterns = [
         "webhook_endpoints/<str:endpoint_id>/deliveries/<str:delivery_id>/redeliver",
         webhook_endpoint_views.WebhookRedeliverView.as_view(),
     ),
+    # The audit trail (operators).
+    *route("audit", audit_views.AuditListView.as_view()),
     *route("nodes", node_views.NodeListView.as_view()),
     *route("nodes/<str:name>", node_views.NodeDetailView.as_view()),
     *route("nodes/<str:name>/events", node_views.NodeEventListView.as_view()),

@@ -28,7 +28,7 @@ from jobs import result_files, selectors, storage
 from jobs.api import presenters as p
 from jobs.api import serializers as sz
 from jobs.api import uploads
-from jobs.api.auth import request_project, request_user
+from jobs.api.auth import request_actor, request_project, request_user
 from jobs.api.schema import responses
 from jobs.errors import Conflict, InvalidRequest, Unavailable
 from jobs.services import files as file_services
@@ -250,6 +250,7 @@ class JobListView(APIView):
             user=request_user(request),
             data=_body(request),
             idempotency_key=request.headers.get("Idempotency-Key"),
+            actor=request_actor(request),
         )
         job = selectors.job_get(project=job.project, job_id=job.public_id)
         return Response(
@@ -275,7 +276,8 @@ class JobDetailView(APIView):
     )
     def delete(self, request: Request, job_id: str) -> Response:
         job_services.job_delete(
-            job=selectors.job_get(project=request_project(request), job_id=job_id)
+            job=selectors.job_get(project=request_project(request), job_id=job_id),
+            actor=request_actor(request),
         )
         return Response({"id": job_id, "object": "fine_tuning.job", "deleted": True})
 
@@ -294,7 +296,7 @@ def job_action_view(service: Callable[..., object], operation_id: str) -> type[A
     class JobActionView(APIView):
         def post(self, request: Request, job_id: str) -> Response:
             job = selectors.job_get(project=request_project(request), job_id=job_id)
-            service(job=job)
+            service(job=job, actor=request_actor(request))
             return Response(p.job_json(selectors.job_get(project=job.project, job_id=job_id)))
 
     return JobActionView
@@ -453,6 +455,7 @@ class CredentialListView(APIView):
             provider=str(body.get("provider", "")),
             name=name,
             secrets=body.get("secrets"),
+            actor=request_actor(request),
         )
         return Response(p.credential_json(credential), status=status.HTTP_201_CREATED)
 
@@ -464,7 +467,8 @@ class CredentialDetailView(APIView):
         responses=responses({200: sz.Deleted}, 404),
     )
     def delete(self, request: Request, credential_id: str) -> Response:
-        selectors.credential_get(
+        credential = selectors.credential_get(
             project=request_project(request), credential_id=credential_id
-        ).delete()
+        )
+        project_services.credential_delete(credential=credential, actor=request_actor(request))
         return Response({"id": credential_id, "object": "provider_credential", "deleted": True})

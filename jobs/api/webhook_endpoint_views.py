@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from jobs import selectors, webhook_selectors
 from jobs.api import serializers as sz
-from jobs.api.auth import request_project
+from jobs.api.auth import request_actor, request_project
 from jobs.api.presenters import page_json
 from jobs.api.schema import responses
 from jobs.api.views import LIST_PARAMS, JSONBodyParser, _body
@@ -116,7 +116,9 @@ class WebhookEndpointListView(APIView):
     def post(self, request: Request) -> Response:
         """Create an endpoint; the answer carries its signing secret, shown this once."""
         endpoint, secret = webhook_endpoints.endpoint_create(
-            project=request_project(request), data=_body(request, webhook_endpoints.FIELDS)
+            project=request_project(request),
+            data=_body(request, webhook_endpoints.FIELDS),
+            actor=request_actor(request),
         )
         return Response(endpoint_json(endpoint, secret), status=status.HTTP_201_CREATED)
 
@@ -146,7 +148,9 @@ class WebhookEndpointDetailView(APIView):
             project=request_project(request), endpoint_id=endpoint_id
         )
         endpoint = webhook_endpoints.endpoint_update(
-            endpoint=endpoint, data=_body(request, webhook_endpoints.FIELDS)
+            endpoint=endpoint,
+            data=_body(request, webhook_endpoints.FIELDS),
+            actor=request_actor(request),
         )
         return Response(endpoint_json(endpoint))
 
@@ -159,7 +163,7 @@ class WebhookEndpointDetailView(APIView):
         endpoint = webhook_selectors.endpoint_get(
             project=request_project(request), endpoint_id=endpoint_id
         )
-        webhook_endpoints.endpoint_delete(endpoint=endpoint)
+        webhook_endpoints.endpoint_delete(endpoint=endpoint, actor=request_actor(request))
         return Response({"id": endpoint_id, "object": "webhook_endpoint", "deleted": True})
 
 
@@ -176,7 +180,9 @@ class WebhookEndpointRotateView(APIView):
         endpoint = webhook_selectors.endpoint_get(
             project=request_project(request), endpoint_id=endpoint_id
         )
-        secret = webhook_endpoints.endpoint_rotate_secret(endpoint=endpoint)
+        secret = webhook_endpoints.endpoint_rotate_secret(
+            endpoint=endpoint, actor=request_actor(request)
+        )
         return Response(endpoint_json(endpoint, secret))
 
 

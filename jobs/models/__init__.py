@@ -1,3 +1,4 @@
+from jobs.models.audit import AuditEntry
 from jobs.models.files import TrainingFile
 from jobs.models.jobs import Artifact, IdempotencyKey, JobAttempt, JobEvent, TrainingJob
 from jobs.models.nodes import GpuNode, NodeEvent
@@ -8,6 +9,7 @@ from jobs.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoin
 __all__ = [
     "ApiKey",
     "Artifact",
+    "AuditEntry",
     "GpuNode",
     "IdempotencyKey",
     "JobAttempt",

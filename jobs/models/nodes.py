@@ -25,7 +25,8 @@ class GpuNode(models.Model):
     )
     retired = models.BooleanField(
         default=False,
-        help_text="An ephemeral node that has had its job: offline until a new process registers.",
+        help_text="Offline until a new process registers: the node stopped cleanly, or an "
+        "ephemeral node has had its job.",
     )
     token_sha256 = models.CharField(max_length=64)
     labels = models.JSONField(default=dict, blank=True)

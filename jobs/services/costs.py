@@ -8,6 +8,7 @@ little past that (until the machine is gone), so this is a close lower bound, no
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 
 from django.db.models import Sum
@@ -55,13 +56,26 @@ def attempt_record_rate(*, attempt: JobAttempt, rate: float) -> bool:
     return True
 
 
+def rented_cost(
+    attempt: JobAttempt, *, until: datetime, since: datetime | None = None
+) -> Decimal | None:
+    """What the attempt's machine costs from its launch (or ``since``, if later) to ``until``:
+    its rate x the time. None when it never launched or has no rate. The one rule for a cost
+    settled at the end and for a live machine's cost so far (the admin's job page, dashboard)."""
+    rate = attempt_rate(attempt)
+    if attempt.launched_at is None or rate is None:
+        return None
+    start = max(attempt.launched_at, since) if since is not None else attempt.launched_at
+    hours = Decimal((until - start).total_seconds()) / 3600
+    return money(rate * max(hours, Decimal(0)))
+
+
 def attempt_settle_cost(*, attempt_pk: int) -> None:
     """The attempt ended: its cost from launch to end, and the job's sums."""
     attempt = JobAttempt.objects.get(pk=attempt_pk)
-    rate = attempt_rate(attempt)
-    if attempt.launched_at is not None and attempt.ended_at is not None and rate is not None:
-        hours = Decimal((attempt.ended_at - attempt.launched_at).total_seconds()) / 3600
-        JobAttempt.objects.filter(pk=attempt.pk).update(cost=money(rate * max(hours, Decimal(0))))
+    cost = rented_cost(attempt, until=attempt.ended_at) if attempt.ended_at else None
+    if cost is not None:
+        JobAttempt.objects.filter(pk=attempt.pk).update(cost=cost)
     job_costs_refresh(job_pk=attempt.job_id)
 
 

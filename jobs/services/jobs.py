@@ -20,6 +20,7 @@ from jobs import gpu_needs, storage
 from jobs.errors import Conflict, InvalidRequest, LimitExceeded
 from jobs.models import GpuNode, IdempotencyKey, Project, TrainingFile, TrainingJob
 from jobs.services.attempts import attempt_live, attempt_request_stop
+from jobs.services.audit import SYSTEM, Actor, audit_record, created, deleted, diff
 from jobs.services.events import event_append
 from jobs.services.job_request import native_job_request, parse_metadata
 from jobs.services.retention import storage_forget
@@ -207,9 +208,11 @@ def job_create(
     user: User | None,
     data: Mapping[str, Any],
     idempotency_key: str | None = None,
+    actor: Actor = SYSTEM,
 ) -> tuple[TrainingJob, bool]:
     """Validate and create a job; returns (job, created). With an idempotency key, a repeat
-    of the same request returns the first job; the same key with another body is a 409."""
+    of the same request returns the first job (and records nothing); the same key with
+    another body is a 409."""
     if idempotency_key is not None and (
         not 1 <= len(idempotency_key) <= 255 or not idempotency_key.isprintable()
     ):
@@ -245,6 +248,19 @@ def job_create(
                 data={"status": str(S.VALIDATING_FILES)},
             )
             job_advance_validation(job=job)
+            audit_record(
+                actor=actor,
+                action="job.create",
+                obj=job,
+                changes=created(
+                    {
+                        "model": job.model,
+                        "training_file": job.training_file.public_id,
+                        "target": job.target,
+                        "status": job.status,
+                    }
+                ),
+            )
     except IntegrityError:
         if idempotency_key:  # a concurrent request with the same key won the race
             existing = _idempotent_replay(project, idempotency_key, request_hash)
@@ -290,30 +306,39 @@ def job_advance_validation(*, job: TrainingJob) -> None:
 # --- user actions -----------------------------------------------------------------------------
 
 
-def job_cancel(*, job: TrainingJob) -> TrainingJob:
+def _audit_status(actor: Actor, action: str, job: TrainingJob, before: str) -> None:
+    """One entry for a user action on a job, when it moved the job (a repeat records nothing)."""
+    changes = diff({"status": before}, {"status": job.status})
+    if changes:
+        audit_record(actor=actor, action=action, obj=job, changes=changes)
+
+
+def job_cancel(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
     """Cancel a live job. Without a live attempt nothing runs, so it is cancelled at once;
     otherwise it stays ``cancelling`` until the executor or provider confirms the stop."""
     if job.status in TERMINAL:
         raise Conflict(f"Job {job.public_id} is already {job.status}.", code="job_not_cancellable")
-    if job.status == S.VALIDATING_FILES:
-        job_transition(
-            job=job, to=S.CANCELLED, message="Job cancelled before its files were validated."
-        )
-        return job
+    before = job.status
     with transaction.atomic():
-        job_transition(job=job, to=S.CANCELLING, message="Cancellation requested.")
-        attempt = attempt_live(job=job)
-        if attempt is None:
-            job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
+        if job.status == S.VALIDATING_FILES:
+            job_transition(
+                job=job, to=S.CANCELLED, message="Job cancelled before its files were validated."
+            )
         else:
-            attempt_request_stop(attempt=attempt)
+            job_transition(job=job, to=S.CANCELLING, message="Cancellation requested.")
+            attempt = attempt_live(job=job)
+            if attempt is None:
+                job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
+            else:
+                attempt_request_stop(attempt=attempt)
+        _audit_status(actor, "job.cancel", job, before)
     return job
 
 
 PAUSABLE = (S.PROVISIONING, S.RUNNING)
 
 
-def job_pause(*, job: TrainingJob) -> TrainingJob:
+def job_pause(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
     """Pause a provisioning or running job: it moves to ``paused`` at once and its live
     attempt is asked to stop after saving a checkpoint; the attempt's end leaves the job
     paused (services.attempts) and stops its machine. Resume queues it again.
@@ -330,6 +355,7 @@ def job_pause(*, job: TrainingJob) -> TrainingJob:
             f"Only running or provisioning jobs can be paused; {job.public_id} is {job.status}.",
             code="job_not_pausable",
         )
+    before = job.status
     with transaction.atomic():
         job_transition(
             job=job,
@@ -339,10 +365,11 @@ def job_pause(*, job: TrainingJob) -> TrainingJob:
         attempt = attempt_live(job=job)
         if attempt is not None:
             attempt_request_stop(attempt=attempt, pause=True)
+        _audit_status(actor, "job.pause", job, before)
     return job
 
 
-def job_resume(*, job: TrainingJob) -> TrainingJob:
+def job_resume(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
     """Queue a paused job again. Its next attempt resumes from the newest checkpoint (every
     attempt's spec does: services.specs), and the attempt the pause stopped does not count
     against max_attempts. Refused while that attempt is still stopping (saving its
@@ -366,17 +393,20 @@ def job_resume(*, job: TrainingJob) -> TrainingJob:
             attempt_budget_start=F("attempt_budget_start") + 1
         )
         job.attempt_budget_start += 1
+        before = job.status
         job_transition(job=job, to=S.QUEUED, message="Resume requested; job queued.")
+        _audit_status(actor, "job.resume", job, before)
     return job
 
 
-def job_retry(*, job: TrainingJob) -> TrainingJob:
+def job_retry(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
     """Queue a failed or cancelled job again with a fresh automatic-retry budget."""
     if job.status not in (S.FAILED, S.CANCELLED):
         raise Conflict(
             f"Only failed or cancelled jobs can be retried; {job.public_id} is {job.status}.",
             code="job_not_retryable",
         )
+    before = job.status
     with transaction.atomic():
         used = job.attempts.count()
         TrainingJob.objects.filter(pk=job.pk).update(attempt_budget_start=used)
@@ -384,10 +414,25 @@ def job_retry(*, job: TrainingJob) -> TrainingJob:
         if job.training_file.status != TrainingFile.Status.PROCESSED:
             raise Conflict("The job's training file is not usable any more.", code="invalid_file")
         job_transition(job=job, to=S.QUEUED, message="Retry requested; job queued.")
+        _audit_status(actor, "job.retry", job, before)
     return job
 
 
-def job_delete(*, job: TrainingJob) -> None:
+def job_set_priority(*, job: TrainingJob, priority: object, actor: Actor = SYSTEM) -> TrainingJob:
+    """Reprioritise a job (the dispatcher takes higher first); recorded when it changes."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -100 <= priority <= 100:
+        raise _param_error("priority must be an integer from -100 to 100.", "priority")
+    with transaction.atomic():
+        before = TrainingJob.objects.select_for_update().values_list("priority", flat=True)
+        changes = diff({"priority": before.get(pk=job.pk)}, {"priority": priority})
+        if changes:
+            TrainingJob.objects.filter(pk=job.pk).update(priority=priority)
+            audit_record(actor=actor, action="job.update", obj=job, changes=changes)
+        job.priority = priority
+    return job
+
+
+def job_delete(*, job: TrainingJob, actor: Actor = SYSTEM) -> None:
     if job.status not in TERMINAL:
         raise Conflict(
             f"Job {job.public_id} is {job.status}; cancel it before deleting.",
@@ -395,4 +440,10 @@ def job_delete(*, job: TrainingJob) -> None:
         )
     with transaction.atomic():
         storage_forget(key=storage.job_prefix(job.project_id, job.public_id), reason="job deleted")
+        audit_record(
+            actor=actor,
+            action="job.delete",
+            obj=job,
+            changes=deleted({"status": job.status, "model": job.model}),
+        )
         job.delete()

@@ -1,10 +1,12 @@
 """GPU nodes: identity (tokens), registration and heartbeats, drain, offline, delete.
 
 A node's status is derived from four facts and written by :func:`node_settle` alone:
-no heartbeat for ``TRAINHUB_NODE_OFFLINE_SECONDS`` (or an ephemeral node retired after its
-job, until a new process registers) → offline; else draining when asked;
+no heartbeat for ``TRAINHUB_NODE_OFFLINE_SECONDS`` (or retired: stopped cleanly, or an
+ephemeral node after its job, until a new process registers) → offline; else draining when asked;
 else busy while it holds an attempt; else idle. A node that turns idle triggers the
-dispatcher. Every operator action and every registration leaves a :class:`NodeEvent`.
+dispatcher. Every operator action and every registration leaves a :class:`NodeEvent`; operator
+actions (create, token rotation, drain, undrain, delete) are also written to the audit trail
+(services.audit) with their actor.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from jobs.broker_acl import broker_user_delete, broker_user_set, broker_users_sy
 from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import GpuNode, JobAttempt, NodeEvent
 from jobs.services import messages
+from jobs.services.audit import SYSTEM, Actor, audit_record, created, deleted, diff
 from jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
@@ -53,8 +56,10 @@ def node_get(*, name: str) -> GpuNode:
     return node
 
 
-def node_create(*, name: object, actor: str = "") -> tuple[GpuNode, str]:
-    """Create a node and return it with its token, which is never retrievable again."""
+def node_create(*, name: object, actor: Actor | str = SYSTEM) -> tuple[GpuNode, str]:
+    """Create a node and return it with its token, which is never retrievable again.
+    (A bare string ``actor``, from older callers, is recorded as a system actor.)"""
+    who = Actor.coerce(actor)
     if not isinstance(name, str) or not _NODE_NAME.match(name):
         raise InvalidRequest(
             "name must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or "
@@ -66,20 +71,30 @@ def node_create(*, name: object, actor: str = "") -> tuple[GpuNode, str]:
     try:
         with transaction.atomic():
             node = GpuNode.objects.create(name=name, token_sha256=_hash(token))
-            _audit(node, "created", "Node created.", actor)
+            _audit(node, "created", "Node created.", who.label)
+            audit_record(
+                actor=who, action="node.create", obj=node, changes=created({"token": "set"})
+            )
             transaction.on_commit(lambda: broker_user_set(name, node.token_sha256))
     except IntegrityError:
         raise Conflict(f"A node named '{name}' already exists.", code="node_exists") from None
     return node, token
 
 
-def node_rotate_token(*, node: GpuNode, actor: str = "") -> str:
+def node_rotate_token(*, node: GpuNode, actor: Actor | str = SYSTEM) -> str:
     """Issue a new token; the old one is refused from now on."""
+    who = Actor.coerce(actor)
     token = NODE_TOKEN_PREFIX + secrets.token_urlsafe(32)
     digest = _hash(token)
     with transaction.atomic():
         GpuNode.objects.filter(pk=node.pk).update(token_sha256=digest)
-        _audit(node, "token_rotated", "Token rotated; the previous token is refused.", actor)
+        _audit(node, "token_rotated", "Token rotated; the previous token is refused.", who.label)
+        audit_record(
+            actor=who,
+            action="node.rotate_token",
+            obj=node,
+            changes={"token": {"from": "set", "to": "rotated"}},
+        )
         # The broker too: the old password stops working, and so do its open connections.
         transaction.on_commit(lambda: broker_user_set(node.name, digest, disconnect=True))
     return token
@@ -122,10 +137,12 @@ def node_settle(*, node_pk: int) -> str:
 
 
 def _why_offline(node: GpuNode) -> str:
-    if node.retired:
+    if node.retired and node.ephemeral:
         return "Ephemeral node retired after its job; offline until it starts again."
+    if node.retired:
+        return "Node stopped; offline until it starts again."
     if node.last_heartbeat_at is None:
-        return "Node stopped (or never registered)."
+        return "Node never registered."
     return f"No heartbeat for {settings.TRAINHUB_NODE_OFFLINE_SECONDS} s; node is offline."
 
 
@@ -181,7 +198,7 @@ def node_register(*, node: GpuNode, report: Mapping[str, Any]) -> GpuNode:
         **fields,
         last_heartbeat_at=now,
         registered_at=now,
-        # A retired ephemeral node re-registering from the same process is on its way out.
+        # A retired node re-registering from the same process is on its way out.
         **({"retired": False} if restarted else {}),
     )
     # Nodes re-register every few minutes; only a (re)start or a change is worth an audit line.
@@ -199,8 +216,9 @@ def node_heartbeat(*, node: GpuNode) -> None:
 
 
 def node_stopping(*, node: GpuNode) -> None:
-    """A node shut down cleanly: offline now rather than after the heartbeat timeout."""
-    GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=None)
+    """A node shut down cleanly: offline now rather than after the heartbeat timeout, retired
+    until a new process registers. Its last heartbeat stays: when it was last seen."""
+    GpuNode.objects.filter(pk=node.pk).update(retired=True)
     node_settle(node_pk=node.pk)
 
 
@@ -247,19 +265,30 @@ def nodes_mark_offline() -> int:
     return sum(node_settle(node_pk=pk) == N.OFFLINE for pk in stale.values_list("pk", flat=True))
 
 
-def node_set_draining(*, node: GpuNode, draining: bool, actor: str = "") -> GpuNode:
-    GpuNode.objects.filter(pk=node.pk).update(draining=draining)
-    if draining:
-        _audit(node, "drain", "Draining: finishes its current job, takes no new one.", actor)
-    else:
-        _audit(node, "undrain", "Accepting jobs again.", actor)
+def node_set_draining(*, node: GpuNode, draining: bool, actor: Actor | str = SYSTEM) -> GpuNode:
+    who = Actor.coerce(actor)
+    with transaction.atomic():
+        before = GpuNode.objects.select_for_update().values_list("draining", flat=True)
+        was = before.get(pk=node.pk)
+        GpuNode.objects.filter(pk=node.pk).update(draining=draining)
+        if draining:
+            _audit(
+                node, "drain", "Draining: finishes its current job, takes no new one.", who.label
+            )
+        else:
+            _audit(node, "undrain", "Accepting jobs again.", who.label)
+        changes = diff({"draining": was}, {"draining": draining})
+        if changes:  # a repeat is a NodeEvent line, not a change
+            action = "node.drain" if draining else "node.undrain"
+            audit_record(actor=who, action=action, obj=node, changes=changes)
     node_settle(node_pk=node.pk)
     node.refresh_from_db()
     return node
 
 
-def node_delete(*, node: GpuNode, actor: str = "") -> None:
+def node_delete(*, node: GpuNode, actor: Actor | str = SYSTEM) -> None:
     """Delete an offline node; its audit trail stays (by name)."""
+    who = Actor.coerce(actor)
     if node_settle(node_pk=node.pk) != N.OFFLINE:
         raise Conflict(
             f"Node '{node.name}' is {node.status}; only an offline node can be deleted "
@@ -268,7 +297,13 @@ def node_delete(*, node: GpuNode, actor: str = "") -> None:
         )
     name = node.name
     with transaction.atomic():
-        _audit(node, "deleted", "Node deleted.", actor)
+        _audit(node, "deleted", "Node deleted.", who.label)
+        audit_record(
+            actor=who,
+            action="node.delete",
+            obj=node,
+            changes=deleted({"name": node.name, "token": "set"}),
+        )
         node.delete()
         transaction.on_commit(lambda: broker_user_delete(name))
 

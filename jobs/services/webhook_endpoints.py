@@ -7,6 +7,9 @@ be hashed. A rotation keeps the previous secret signing beside the new one for
 
 URLs are checked here for syntax, scheme and, when the host resolves now, for the addresses it
 resolves to (jobs.outbound_http); every delivery checks them again before it connects.
+
+Create, update, rotate and delete are written to the audit trail (services.audit): the secret
+only as "set"/"rotated", the URL only as its host and a fingerprint (paths often hold tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from jobs import crypto, outbound_http, webhook_signing
 from jobs.errors import Conflict, InvalidRequest
 from jobs.models import Project, WebhookEndpoint
 from jobs.models.webhooks import EVENT_TYPES
+from jobs.services.audit import SYSTEM, Actor, audit_record, created, deleted, diff, redacted_url
 
 MAX_ENDPOINTS_PER_PROJECT = 20
 MAX_DESCRIPTION_CHARS = 200
@@ -115,7 +119,14 @@ def _seal(secret: str) -> str:
     return crypto.encrypt_json({"secret": secret})
 
 
-def endpoint_create(*, project: Project, data: Mapping[str, Any]) -> tuple[WebhookEndpoint, str]:
+def _audited(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields as the audit trail keeps them (the URL redacted)."""
+    return {k: redacted_url(v) if k == "url" else v for k, v in fields.items()}
+
+
+def endpoint_create(
+    *, project: Project, data: Mapping[str, Any], actor: Actor = SYSTEM
+) -> tuple[WebhookEndpoint, str]:
     """A new endpoint and its signing secret (returned this once)."""
     fields = _fields(data, partial=False)
     if WebhookEndpoint.objects.filter(project=project).count() >= MAX_ENDPOINTS_PER_PROJECT:
@@ -125,13 +136,22 @@ def endpoint_create(*, project: Project, data: Mapping[str, Any]) -> tuple[Webho
             code="webhook_endpoint_limit",
         )
     secret = webhook_signing.secret_new()
-    endpoint = WebhookEndpoint.objects.create(
-        project=project, secret_ciphertext=_seal(secret), **fields
-    )
+    with transaction.atomic():
+        endpoint = WebhookEndpoint.objects.create(
+            project=project, secret_ciphertext=_seal(secret), **fields
+        )
+        audit_record(
+            actor=actor,
+            action="webhook_endpoint.create",
+            obj=endpoint,
+            changes=created({**_audited(fields), "secret": "set"}),
+        )
     return endpoint, secret
 
 
-def endpoint_update(*, endpoint: WebhookEndpoint, data: Mapping[str, Any]) -> WebhookEndpoint:
+def endpoint_update(
+    *, endpoint: WebhookEndpoint, data: Mapping[str, Any], actor: Actor = SYSTEM
+) -> WebhookEndpoint:
     """Change the URL, the event types, the description or whether it is enabled. Enabling
     a disabled endpoint clears why it was disabled and its failure streak."""
     fields = _fields(data, partial=True)
@@ -139,13 +159,20 @@ def endpoint_update(*, endpoint: WebhookEndpoint, data: Mapping[str, Any]) -> We
         fields.update(disabled_reason="", failing_since=None)
     elif fields.get("enabled") is False and endpoint.enabled:
         fields["disabled_reason"] = "disabled by a user"
-    for name, value in fields.items():
-        setattr(endpoint, name, value)
-    endpoint.save(update_fields=[*fields, "updated_at"])
+    before = _audited({name: getattr(endpoint, name) for name in fields})
+    with transaction.atomic():
+        for name, value in fields.items():
+            setattr(endpoint, name, value)
+        endpoint.save(update_fields=[*fields, "updated_at"])
+        changes = diff(before, _audited(fields))
+        if changes:
+            audit_record(
+                actor=actor, action="webhook_endpoint.update", obj=endpoint, changes=changes
+            )
     return endpoint
 
 
-def endpoint_rotate_secret(*, endpoint: WebhookEndpoint) -> str:
+def endpoint_rotate_secret(*, endpoint: WebhookEndpoint, actor: Actor = SYSTEM) -> str:
     """A new secret (returned this once). The current one keeps signing beside it for the
     overlap window; a rotation within an overlap ends the older secret at once."""
     secret = webhook_signing.secret_new()
@@ -163,14 +190,27 @@ def endpoint_rotate_secret(*, endpoint: WebhookEndpoint) -> str:
                 "updated_at",
             ]
         )
+        audit_record(
+            actor=actor,
+            action="webhook_endpoint.rotate_secret",
+            obj=row,
+            changes={"secret": {"from": "set", "to": "rotated"}},
+        )
     for name in ("previous_secret_ciphertext", "previous_secret_expires_at", "secret_ciphertext"):
         setattr(endpoint, name, getattr(row, name))
     return secret
 
 
-def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
+def endpoint_delete(*, endpoint: WebhookEndpoint, actor: Actor = SYSTEM) -> None:
     """Delete the endpoint and its delivery log (pending deliveries are never sent)."""
-    endpoint.delete()
+    with transaction.atomic():
+        audit_record(
+            actor=actor,
+            action="webhook_endpoint.delete",
+            obj=endpoint,
+            changes=deleted({"url": redacted_url(endpoint.url), "secret": "set"}),
+        )
+        endpoint.delete()
 
 
 def endpoint_signing_secrets(endpoint: WebhookEndpoint, now: datetime) -> list[str]:

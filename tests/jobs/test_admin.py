@@ -8,11 +8,12 @@ import re
 import pytest
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.db.models import Model
 from django.test import Client, RequestFactory
 
-from jobs.models import ApiKey, JobEvent, ProviderCredential, TrainingJob
+from jobs.models import ApiKey, AuditEntry, JobEvent, ProviderCredential, TrainingJob
 from jobs.services.projects import (
     api_key_authenticate,
     api_key_create,
@@ -145,18 +146,36 @@ def test_status_filter(admin_client, objects) -> None:
     assert objects["queued"].training_file.public_id in html
 
 
-def test_revoke_action(admin_client, objects) -> None:
+def test_revoke_action_asks_first(admin_client, objects) -> None:
     key, raw = objects["key"], objects["raw"]
     assert api_key_authenticate(raw=raw) is not None
-    admin_client.post("/admin/jobs/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    form = {"action": "revoke", "_selected_action": [key.pk]}
+    asked = admin_client.post("/admin/jobs/apikey/", form)
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "Revoke these API keys?" in page and key.prefix in page and raw not in page
+    key.refresh_from_db()
+    assert key.revoked_at is None  # nothing revoked yet
+    assert not AuditEntry.objects.filter(action="api_key.revoke").exists()
+
+    done = admin_client.post("/admin/jobs/apikey/", {**form, "confirm": "yes"})
+    assert done.status_code == 302
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert api_key_authenticate(raw=raw) is None
+    entry = AuditEntry.objects.get(action="api_key.revoke")
+    assert (entry.actor, entry.source, entry.object_id) == ("root", "admin", key.prefix)
+    recent = LogEntry.objects.get(object_id=str(key.pk))
+    assert recent.is_change() and recent.user.username == "root"
+
+    # A second revoke changes nothing and records nothing.
+    admin_client.post("/admin/jobs/apikey/", {**form, "confirm": "yes"})
+    assert AuditEntry.objects.filter(action="api_key.revoke").count() == 1
 
 
 def test_no_add_pages_for_api_owned_objects(admin_client, db) -> None:
     models = ("trainingjob", "trainingfile", "artifact", "apikey", "providercredential",
-              "storagedeletion")  # fmt: skip
+              "storagedeletion", "auditentry")  # fmt: skip
     for model in models:
         assert admin_client.get(f"/admin/jobs/{model}/add/").status_code == 403
 
@@ -191,6 +210,9 @@ def test_a_revoked_key_stays_revoked_whatever_the_form_says(admin_client, object
     stored = ApiKey.objects.get(pk=key.pk)
     assert (stored.name, stored.revoked_at) == ("renamed", revoked_at)
     assert api_key_authenticate(raw=raw) is None
+    # Nor can a revoked key be deleted (and then made again): the admin has no delete for keys.
+    assert admin_client.get(f"/admin/jobs/apikey/{key.pk}/delete/").status_code == 403
+    assert ApiKey.objects.filter(pk=key.pk).exists()
 
 
 def test_a_live_key_cannot_be_revoked_or_backdated_through_the_form(admin_client, objects) -> None:
@@ -200,8 +222,11 @@ def test_a_live_key_cannot_be_revoked_or_backdated_through_the_form(admin_client
         {"name": "laptop", "revoked_at_0": "2020-01-01", "revoked_at_1": "00:00:00"},
     )
     assert ApiKey.objects.get(pk=key.pk).revoked_at is None  # the action revokes, via the service
+    assert not AuditEntry.objects.filter(action__startswith="api_key.revoke").exists()
     admin_client.post(
-        "/admin/jobs/apikey/", {"action": "revoke", "_selected_action": [key.pk]}, follow=True
+        "/admin/jobs/apikey/",
+        {"action": "revoke", "_selected_action": [key.pk], "confirm": "yes"},
+        follow=True,
     )
     assert ApiKey.objects.get(pk=key.pk).revoked_at is not None
 

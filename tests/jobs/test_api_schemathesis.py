@@ -27,7 +27,7 @@ CONFIG = """
 include-operation-id = [
     "fine_tuning_jobs_create", "files_list", "fine_tuning_jobs_list",
     "fine_tuning_jobs_list_events", "webhook_endpoints_create", "webhook_endpoints_update",
-    "webhook_endpoints_list", "webhook_endpoints_deliveries_list",
+    "webhook_endpoints_list", "webhook_endpoints_deliveries_list", "audit_list",
 ]
 checks.positive_data_acceptance.expected-statuses = [
     "2xx", "400", "401", "403", "404", "409", "429",

@@ -147,12 +147,21 @@ def test_a_node_silent_for_the_offline_timeout_is_marked_offline(settings) -> No
     assert nodes.nodes_mark_offline() == 0, "an offline node is not marked again"
 
 
-def test_a_node_that_says_it_is_stopping_is_offline_at_once() -> None:
+def test_a_node_that_says_it_is_stopping_is_offline_at_once_keeping_when_it_was_last_seen() -> None:
     node, _ = online_node("gpu-a")
     other, _ = online_node("gpu-b")
+    last_seen = fresh(node).last_heartbeat_at
     nodes.node_stopping(node=node)
     assert (node_status(node), node_status(other)) == (N.OFFLINE, N.IDLE)
-    assert fresh(node).last_heartbeat_at is None
+    assert fresh(node).last_heartbeat_at == last_seen is not None
+    offline = NodeEvent.objects.get(node_name="gpu-a", kind="offline")
+    assert offline.message == "Node stopped; offline until it starts again."
+
+    nodes.node_heartbeat(node=fresh(node))  # a late heartbeat of the stopping process
+    assert node_status(node) == N.OFFLINE
+
+    nodes.node_register(node=fresh(node), report={"process": "gpu-a:4242:restarted"})
+    assert node_status(node) == N.IDLE, "a new process brings it back"
 
 
 # --- registration -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs.errors import ServiceError
 from jobs.models import Project
+from jobs.services.audit import Actor
 from jobs.services.projects import api_key_create
 
 
@@ -24,7 +25,9 @@ class Command(BaseCommand):
             if target is None:
                 raise CommandError(f"No project '{project}'.")
         try:
-            key, raw = api_key_create(user=user, name=name, project=target)
+            key, raw = api_key_create(
+                user=user, name=name, project=target, actor=Actor.command("create_api_key")
+            )
         except ServiceError as exc:
             raise CommandError(exc.message) from None
         self.stderr.write(f"API key '{key.name}' for {username} in project {key.project.slug}:")

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.errors import ServiceError
+from jobs.services.audit import Actor
 from jobs.services.nodes import node_create, node_get, node_rotate_token
 
 
@@ -15,11 +16,12 @@ class Command(BaseCommand):
         parser.add_argument("--rotate", action="store_true", help="new token for an existing node")
 
     def handle(self, *args, name: str, rotate: bool, **options):
+        actor = Actor.command("create_node")
         try:
             if rotate:
-                token = node_rotate_token(node=node_get(name=name), actor="manage.py")
+                token = node_rotate_token(node=node_get(name=name), actor=actor)
             else:
-                _, token = node_create(name=name, actor="manage.py")
+                _, token = node_create(name=name, actor=actor)
         except ServiceError as exc:
             raise CommandError(exc.message) from None
         self.stderr.write(f"Token for GPU node '{name}' (shown once):")

@@ -23,10 +23,12 @@ from django.core.management.base import BaseCommand, CommandError
 from gpu_worker.bundle import verify_bundle
 from gpu_worker.datasets import DEMO_DATASET_PATH
 from jobs.models import GpuNode
+from jobs.services.audit import Actor
 from jobs.services.nodes import node_create, node_rotate_token
 from jobs.services.projects import api_key_create
 from trainhub import embedded, processes
 
+DEMO_ACTOR = Actor.command("demo")
 NODE = "demo-node"
 SERVE_PORT = 8000  # --serve: where README's OpenAI SDK example finds it
 STREAM_PORT = 8001  # --serve: the stream process (WebSocket, SSE)
@@ -70,7 +72,7 @@ class Command(BaseCommand):
         model = self.tiny_model(settings.VAR_DIR / "demo" / "tiny-model")
         user, _ = get_user_model().objects.get_or_create(username="demo")
         self.admin_login()
-        _, key = api_key_create(user=user, name="demo")
+        _, key = api_key_create(user=user, name="demo", actor=DEMO_ACTOR)
         port = SERVE_PORT if options["serve"] else processes.free_port()
         stream_port = STREAM_PORT if options["serve"] else processes.free_port()
         base = f"http://127.0.0.1:{port}/api/v1"
@@ -112,7 +114,9 @@ class Command(BaseCommand):
                 self.serve(key, port, model)
 
     def serve(self, key: str, port: int, model: Path) -> None:
-        self.say("serving until Ctrl-C; in another shell:")
+        self.say("serving until Ctrl-C; in another shell (the trainhub CLI, the OpenAI SDK):")
+        self.stdout.write(f"  export TRAINHUB_URL=http://127.0.0.1:{port}")
+        self.stdout.write(f"  export TRAINHUB_API_KEY={key}")
         self.stdout.write(f"  export OPENAI_BASE_URL=http://127.0.0.1:{port}/v1")
         self.stdout.write(f"  export OPENAI_API_KEY={key}")
         self.stdout.write(f"  export TRAINHUB_DEMO_MODEL={model}")
@@ -149,8 +153,8 @@ class Command(BaseCommand):
         """The demo node's token: created once, rotated on every later run (shown only once)."""
         node = GpuNode.objects.filter(name=NODE).first()
         if node is None:
-            return node_create(name=NODE, actor="demo")[1]
-        return node_rotate_token(node=node, actor="demo")
+            return node_create(name=NODE, actor=DEMO_ACTOR)[1]
+        return node_rotate_token(node=node, actor=DEMO_ACTOR)
 
     def walkthrough(self, http: requests.Session, base: str) -> dict:
         broken = self.upload(http, base, "broken.jsonl", BROKEN_DATASET)
