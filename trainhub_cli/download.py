@@ -10,12 +10,10 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
 from trainhub_cli.archive import extract_bundle
 from trainhub_cli.client import Api
 from trainhub_cli.errors import CliError, ExitCode
-from trainhub_cli.render import Output
+from trainhub_cli.render import Output, transfer_progress
 
 CHUNK = 1 << 20
 
@@ -36,15 +34,7 @@ def fetch(api: Api, out: Output, artifact: dict[str, Any], target: Path) -> str:
     try:
         with (
             api.download(f"/artifacts/{artifact['id']}/download") as (resp, header),
-            Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                console=out.err,
-                disable=not out.interactive,
-                transient=True,
-            ) as progress,
+            transfer_progress(out) as progress,
         ):
             task = progress.add_task(f"downloading {target.name}", total=artifact.get("bytes"))
             with part.open("wb") as fh:

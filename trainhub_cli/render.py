@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -87,6 +88,19 @@ class Output:
         if where:
             text.append(f" ({', '.join(where)})", style="dim")
         self.err.print(text, soft_wrap=True)  # one line: grep-able, never cut mid-word
+
+
+def transfer_progress(out: Output) -> Progress:
+    """A bytes progress bar on stderr for an upload or download (hidden when not a terminal)."""
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=out.err,
+        disable=not out.interactive,
+        transient=True,
+    )
 
 
 def status_text(status: str | None) -> Text:

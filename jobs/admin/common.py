@@ -38,6 +38,20 @@ STATUS_COLORS = {
 }
 
 
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """A page to look at: rows another path writes (ingest, uploads, the audit trail) are never
+    added, changed or deleted here. Subclasses say which path in a comment."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from jobs.admin.common import ViewOnlyAdmin
 from jobs.models import (
     Artifact,
     StorageDeletion,
@@ -12,8 +13,10 @@ from jobs.models import (
 )
 
 
+# Uploaded through the API, validated by a task, deleted through the API (which also purges the
+# stored bytes): never added, changed or deleted here.
 @admin.register(TrainingFile)
-class TrainingFileAdmin(admin.ModelAdmin):
+class TrainingFileAdmin(ViewOnlyAdmin):
     list_display = (
         "public_id",
         "filename",
@@ -27,33 +30,13 @@ class TrainingFileAdmin(admin.ModelAdmin):
     search_fields = ("public_id", "filename", "sha256")
     readonly_fields = [f.name for f in TrainingFile._meta.fields]
 
-    # Uploaded through the API, validated by a task, deleted through the API (which also
-    # purges the stored bytes): never added, changed or deleted here.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-
+# Verified bytes: created by ingest, removed with their job (jobs.services.jobs), never here.
 @admin.register(Artifact)
-class ArtifactAdmin(admin.ModelAdmin):
+class ArtifactAdmin(ViewOnlyAdmin):
     list_display = ("public_id", "job", "kind", "size", "verified", "created_at")
     list_filter = ("kind", "verified")
     readonly_fields = [f.name for f in Artifact._meta.fields]
-
-    # Verified bytes: created by ingest, removed with their job (jobs.services.jobs), never here.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(StorageDeletion)

@@ -120,6 +120,7 @@ def _truncated(text: str, chars: int) -> str:
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
+    change_list_template = "admin/jobs/wide_change_list.html"
     list_display = (
         "job",
         "colored_status",

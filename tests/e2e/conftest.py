@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -25,6 +26,7 @@ from gpu_worker import celery_conf as cc
 from jobs.broker_acl import broker_user_delete
 from tests._processes import database_url, quiesce
 from tests.e2e._broker_watch import BrokerWatch
+from tests.jobs._api import upload
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_WORKER = f"control-{os.getpid()}"
@@ -210,3 +212,21 @@ def start_node(shared_dir, live_server) -> Iterator[Callable[..., Process]]:
         node.stop()
     for name in {n.name.removeprefix("node ") for n in started}:
         broker_user_delete(name)  # the database is flushed; the broker's users are not
+
+
+def submit_tiny_job(api: Any, model: Path, demo_dataset: bytes, **fields: Any) -> str:
+    """Upload the dataset and create a one-epoch LoRA job of the tiny model; its id."""
+    uploaded = upload(api, demo_dataset)
+    assert uploaded.status_code == 201, uploaded.content
+    body = {
+        "model": str(model),
+        "training_file": uploaded.json()["id"],
+        "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+        "hyperparameters": {"n_epochs": 1, "batch_size": 4, "learning_rate": 0.002,
+                            "max_seq_length": 128, "warmup_ratio": 0.0,
+                            "gradient_checkpointing": False},
+        **fields,
+    }  # fmt: skip
+    created = api.post("/api/v1/jobs/", body, format="json")
+    assert created.status_code == 201, created.content
+    return created.json()["id"]

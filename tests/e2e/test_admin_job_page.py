@@ -5,7 +5,6 @@ per metrics event's loss (the bounded downsample, were there more than the chart
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 from django.test import Client
@@ -13,28 +12,11 @@ from django.test import Client
 from jobs.admin import charts
 from jobs.models import GpuNode, JobEvent, TrainingJob
 from jobs.services.nodes import node_create
-from tests.e2e.conftest import wait_for
-from tests.jobs._api import upload
+from tests.e2e.conftest import submit_tiny_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TRAIN_TIMEOUT = 180
-
-
-def _submit(api: Any, model: Any, dataset: bytes) -> str:
-    uploaded = upload(api, dataset)
-    assert uploaded.status_code == 201, uploaded.content
-    body = {
-        "model": str(model),
-        "training_file": uploaded.json()["id"],
-        "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
-        "hyperparameters": {"n_epochs": 1, "batch_size": 4, "learning_rate": 0.002,
-                            "max_seq_length": 128, "warmup_ratio": 0.0,
-                            "gradient_checkpointing": False},
-    }  # fmt: skip
-    created = api.post("/api/v1/jobs/", body, format="json")
-    assert created.status_code == 201, created.content
-    return created.json()["id"]
 
 
 def _status(job_id: str) -> str:
@@ -60,7 +42,7 @@ def test_the_loss_chart_holds_the_points_of_a_finished_tiny_job(
         node,
         plane,
     )
-    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     wait_for(
         "the job to finish",
         lambda: _status(job_id) in ("succeeded", "failed", "cancelled"),

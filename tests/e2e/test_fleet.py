@@ -17,8 +17,8 @@ from gpu_worker.bundle import verify_bundle
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
 from jobs.services.attempts import attempts_expire_leases
 from jobs.services.nodes import node_create
-from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, wait_for
-from tests.jobs._api import download, upload
+from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, submit_tiny_job, wait_for
+from tests.jobs._api import download
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -36,23 +36,6 @@ def _node_status(name: str) -> str | None:
 
 def _wait_idle(name: str, *procs: Process) -> None:
     wait_for(f"node {name} to register", lambda: _node_status(name) == "idle", 60, *procs)
-
-
-def _submit(api: Any, model: Path, demo_dataset: bytes, **fields: Any) -> str:
-    uploaded = upload(api, demo_dataset)
-    assert uploaded.status_code == 201, uploaded.content
-    body = {
-        "model": str(model),
-        "training_file": uploaded.json()["id"],
-        "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
-        "hyperparameters": {"n_epochs": 1, "batch_size": 4, "learning_rate": 0.002,
-                            "max_seq_length": 128, "warmup_ratio": 0.0,
-                            "gradient_checkpointing": False},
-        **fields,
-    }  # fmt: skip
-    created = api.post("/api/v1/jobs/", body, format="json")
-    assert created.status_code == 201, created.content
-    return created.json()["id"]
 
 
 def _job(job_id: str) -> TrainingJob:
@@ -78,7 +61,7 @@ def test_a_job_runs_on_an_idle_node_and_its_adapter_is_verified(
     assert registered.capabilities["gpu_count"] == 0
     assert registered.celery_hostname.startswith("node-a@")
 
-    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     assert_trains_to_a_verified_adapter(
         api, job_id, "node-a", tiny_model_dir, tmp_path, node, plane
     )
@@ -141,7 +124,7 @@ def test_cancel_while_running_stops_the_executor_and_frees_the_node(
 ) -> None:
     node = start_node("node-c", _node("node-c"))
     _wait_idle("node-c", node, plane)
-    job_id = _submit(
+    job_id = submit_tiny_job(
         api, tiny_model_dir, demo_dataset, hyperparameters={"n_epochs": 50, "batch_size": 2}
     )
     wait_for(
@@ -172,7 +155,7 @@ def test_a_node_killed_mid_training_loses_the_attempt_and_the_job_resumes_elsewh
     token = _node("node-k")
     node = start_node("node-k", token)
     _wait_idle("node-k", node, plane)
-    job_id = _submit(api, tiny_model_dir, demo_dataset, hyperparameters={"n_epochs": 4})
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset, hyperparameters={"n_epochs": 4})
     wait_for(
         "a checkpoint",
         lambda: any(e.type == "checkpoint" for e in _events(job_id)),
@@ -228,7 +211,7 @@ def test_an_attempt_whose_message_vanished_is_sent_again(
     _wait_idle("node-v", node, plane)
     first_seen = GpuNode.objects.get(name="node-v").registered_at
     node.kill_group()  # no goodbye: the control plane still sees it idle
-    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     wait_for("the dispatch", lambda: _status_is(job_id, "provisioning"), 30, plane)
     with app.connection_for_write() as conn:
         assert conn.default_channel.queue_purge(cc.node_queue("node-v")) == 1
@@ -272,8 +255,10 @@ def test_jobs_go_only_to_a_node_whose_labels_fit_and_others_wait_saying_why(
     _wait_idle("node-eu", eu, plane)
     assert GpuNode.objects.get(name="node-eu").labels == {"region": "eu-west"}
 
-    fits = _submit(api, tiny_model_dir, demo_dataset, node_selector={"region": "eu-*"})
-    nothing = _submit(api, tiny_model_dir, demo_dataset, gpu={"count": 1, "min_vram_gb": 40})
+    fits = submit_tiny_job(api, tiny_model_dir, demo_dataset, node_selector={"region": "eu-*"})
+    nothing = submit_tiny_job(
+        api, tiny_model_dir, demo_dataset, gpu={"count": 1, "min_vram_gb": 40}
+    )
     wait_for(
         "the eu job to succeed", lambda: _status_is(fits, "succeeded"), TRAIN_TIMEOUT, eu, plane
     )
@@ -299,13 +284,13 @@ def test_drain_finishes_the_current_job_and_takes_no_new_one(
     admin = make_client(make_user("root", is_staff=True, is_superuser=True))
     node = start_node("node-d", _node("node-d"))
     _wait_idle("node-d", node, plane)
-    first = _submit(api, tiny_model_dir, demo_dataset)
+    first = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     wait_for("the job to start", lambda: _status_is(first, "running"), TRAIN_TIMEOUT, node, plane)
 
     drained = admin.post("/api/v1/nodes/node-d/drain/")
     assert drained.status_code == 200, drained.content
     assert drained.json()["status"] == "draining"
-    second = _submit(api, tiny_model_dir, demo_dataset)
+    second = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     wait_for(
         "the first job to succeed", lambda: _status_is(first, "succeeded"), TRAIN_TIMEOUT, node
     )
@@ -329,7 +314,7 @@ def test_an_ephemeral_node_exits_after_one_job(
     node = start_node("node-e", _node("node-e"), TRAINHUB_NODE_EPHEMERAL="1")
     _wait_idle("node-e", node, plane)
     assert GpuNode.objects.get(name="node-e").ephemeral
-    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     wait_for("the job to succeed", lambda: _status_is(job_id, "succeeded"), TRAIN_TIMEOUT, node)
     wait_for("the node to exit", lambda: not node.alive(), 30, node)
     wait_for("the node to be offline", lambda: _node_status("node-e") == "offline", 10, plane)

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.text import Text
 
 from trainhub_cli.client import Api
 from trainhub_cli.errors import CliError, ExitCode
-from trainhub_cli.render import Output, details, size, status_text, table, when
+from trainhub_cli.render import Output, details, size, status_text, table, transfer_progress, when
 from trainhub_cli.state import get_state, json_option
 
 PENDING = ("uploaded", "processing")
@@ -24,15 +23,7 @@ FILE_FIELDS = ("id", "filename", "status", "bytes", "format", "example_count", "
 def upload_file(api: Api, out: Output, path: Path, purpose: str = "fine-tune") -> dict[str, Any]:
     """Stream ``path`` to the API with a progress bar (at a terminal)."""
     total = path.stat().st_size
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=out.err,
-        disable=not out.interactive,
-        transient=True,
-    ) as progress:
+    with transfer_progress(out) as progress:
         task = progress.add_task(f"uploading {path.name}", total=total)
         record: dict[str, Any] = api.upload(path, purpose, lambda n: progress.advance(task, n))
     out.say(f"uploaded {path.name} as {record['id']} ({size(record.get('bytes'))})")
