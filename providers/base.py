@@ -24,6 +24,15 @@ class RemoteStatus(enum.StrEnum):
     LOST = "lost"  # the provider no longer knows it, or it died under us
 
 
+class Capacity(enum.StrEnum):
+    """How a machine is rented. Spot (AWS spot, Vast.ai interruptible bids, RunPod
+    interruptible pods) costs ``Offer.spot_price_per_hour`` and may be taken back at any time:
+    the adapter reports such an end as FAILED with ``error_code`` "preempted" (an EndReason)."""
+
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
 @dataclass(frozen=True)
 class SshAddress:
     """Where a VM-style machine accepts SSH (the executor is driven over it)."""
@@ -44,7 +53,9 @@ class Offer:
     gpu_count: int
     vram_gb: float  # per GPU, decimal GB as sold
     price_per_hour: float  # on-demand USD per hour for the whole machine
-    spot_price_per_hour: float | None = None  # the lowest bid, where the provider has spot
+    # Where the machine can be rented as spot (Capacity.SPOT): its price (AWS: the current spot
+    # price; Vast.ai: the bid trainhub would place; RunPod: the interruptible price). None: no spot.
+    spot_price_per_hour: float | None = None
     available: bool = True  # False: listed, but the provider has no capacity for it now
     region: str = ""
     machine_id: str = ""  # the physical host where the provider exposes it (Vast)
@@ -64,6 +75,9 @@ class LaunchRequest:
     # Rent exactly this offer (targets with offers; placement chose it). None: the adapter's
     # own choice (targets without a price list).
     offer: Offer | None = None
+    # SPOT: rent ``offer`` at its spot price, interruptible (placement only asks where the
+    # offer has a ``spot_price_per_hour``).
+    capacity: Capacity = Capacity.ON_DEMAND
 
 
 @dataclass(frozen=True)
