@@ -11,7 +11,8 @@ import pytest
 
 from jobs import storage
 from jobs.models import TrainingJob
-from tests.e2e.test_fleet import _node, _submit, _wait_idle, assert_trains_to_a_verified_adapter
+from tests.e2e.conftest import submit_tiny_job
+from tests.e2e.test_fleet import _node, _wait_idle, assert_trains_to_a_verified_adapter
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BUCKET = f"trainhub-e2e-{uuid.uuid4().hex[:12]}"
@@ -47,7 +48,7 @@ def test_a_job_trains_with_s3_storage_and_its_adapter_is_verified(
     node = start_node("node-s3", _node("node-s3"))
     _wait_idle("node-s3", node, s3_plane)
 
-    job_id = _submit(api, tiny_model_dir, demo_dataset)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     assert_trains_to_a_verified_adapter(
         api, job_id, "node-s3", tiny_model_dir, tmp_path, node, s3_plane
     )

@@ -18,8 +18,7 @@ from jobs.models import GpuNode, JobEvent, TrainingJob
 from jobs.services.live import stream_type
 from jobs.services.nodes import node_create
 from jobs.services.projects import api_key_create
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_fleet import _submit
+from tests.e2e.conftest import submit_tiny_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 TIMEOUT = 240
@@ -73,7 +72,7 @@ def test_a_job_watched_live_over_every_channel_matches_its_stored_events(
     wait_for("node-live to register", idle.exists, 60, node, plane)
     _, raw = api_key_create(user=user, name="watcher")
     headers = {"Authorization": f"Bearer {raw}"}
-    job_id = _submit(api, tiny_model_dir, demo_dataset, target="local")
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset, target="local")
     ws_job = f"{stream_server.ws_url}/ws/jobs/{job_id}"
     sse_seen: list[tuple[str, int]] = []
     sse = threading.Thread(

@@ -24,8 +24,8 @@ from gpu_worker import celery_conf as cc
 from gpu_worker.bundle import verify_bundle
 from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.projects import credential_create
-from tests.e2e.conftest import Process, wait_for
-from tests.e2e.test_fleet import TRAIN_TIMEOUT, _submit
+from tests.e2e.conftest import Process, submit_tiny_job, wait_for
+from tests.e2e.test_fleet import TRAIN_TIMEOUT
 from tests.fakes.runpod_api import API_KEY, FakeRunpod
 from tests.jobs._api import download
 
@@ -106,7 +106,7 @@ def _statuses(job: TrainingJob) -> list[str]:
 def test_a_pod_job_trains_over_ssh_and_the_pod_is_deleted(
     pod_plane, api, demo_dataset, tiny_model_dir, fake_runpod, sshd
 ) -> None:
-    job_id = _submit(api, tiny_model_dir, demo_dataset, target=TARGET)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset, target=TARGET)
     job = TrainingJob.objects.get(public_id=job_id)
 
     _run_until(
@@ -142,7 +142,7 @@ def test_a_pod_job_trains_over_ssh_and_the_pod_is_deleted(
 def test_cancel_while_training_deletes_the_pod_then_cancels(
     pod_plane, api, demo_dataset, tiny_model_dir, fake_runpod, sshd
 ) -> None:
-    job_id = _submit(
+    job_id = submit_tiny_job(
         api,
         tiny_model_dir,
         demo_dataset,
