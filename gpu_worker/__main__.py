@@ -6,7 +6,7 @@
 
 ``run`` trains one attempt (gpu_worker.train.run), reporting through the sinks the spec's
 ``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
-3 cancelled, 4 timeout (gpu_worker.outcomes.ExitCode). The last stdout line is a JSON summary
+3 cancelled, 4 timeout, 5 preempted (gpu_worker.outcomes.ExitCode). The last stdout line is a JSON summary
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
 While training runs, what the process writes to stdout/stderr and what it logs also become
 ``log`` events (gpu_worker.logcapture: rate-capped, secrets masked), and still reach stdout and
@@ -16,6 +16,12 @@ Stopping: SIGTERM or SIGINT, or the appearance of ``--cancel-file``, stops train
 optimizer step, removes the working files and exits 3. A second signal stops at once. A cancel
 file holding "pause" (gpu_worker.outcomes.StopMode) stops the same way after uploading a
 checkpoint of the last finished step, so the job's next attempt resumes there.
+
+Preemption: on a spot machine (the spec's ``preemption_notice``, or
+``TRAINHUB_PREEMPTION_NOTICE=aws`` set by the launcher) a watcher checks the provider's
+metadata service (``TRAINHUB_IMDS_URL`` overrides its address) for the interruption notice;
+on one, the run checkpoints the last finished step like a pause and exits 5
+(gpu_worker.preemption). A cancel file holding "preempt" asks for the same.
 """
 
 from __future__ import annotations

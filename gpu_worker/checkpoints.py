@@ -19,7 +19,7 @@ import json
 import shutil
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,7 +75,9 @@ def unpack(tar_path: Path, dest: Path) -> int:
 
 class Checkpointer:
     """When to checkpoint (every ``every_steps`` optimizer steps, or after ``every_seconds``
-    without one), and shipping the Trainer's checkpoint directory to the attempt's ``url``."""
+    without one, or at the next step once ``asked()`` says so: a provider's early warning such
+    as a rebalance recommendation), and shipping the Trainer's checkpoint directory to the
+    attempt's ``url``. ``asked`` answers True once per request."""
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class Checkpointer:
         every_steps: int,
         every_seconds: float | None,
         start_step: int = 0,
+        asked: Callable[[], bool] | None = None,
     ) -> None:
         self.url = url
         self.scratch = scratch
@@ -94,11 +97,14 @@ class Checkpointer:
         self.every_seconds = every_seconds
         self.last_step = start_step
         self.last_time = time.monotonic()
+        self.asked = asked
 
     def due(self, step: int, max_steps: int) -> bool:
         if step >= max_steps:  # the final adapter goes out as the artifact instead
             return False
         if step - self.last_step >= self.every_steps:
+            return True
+        if step > self.last_step and self.asked is not None and self.asked():
             return True
         return (
             self.every_seconds is not None

@@ -19,9 +19,20 @@ DOWNLOAD_FAILED = "download_failed"
 UPLOAD_FAILED = "upload_failed"
 INTERNAL_ERROR = "internal_error"
 CANCELLED = "cancelled"
+# The provider reclaims the machine (a spot interruption notice): retried by the control plane.
+PREEMPTED = "preempted"
 
 REASONS = frozenset(
-    {INVALID_DATASET, INVALID_MODEL, OOM, TIMEOUT, DOWNLOAD_FAILED, UPLOAD_FAILED, INTERNAL_ERROR}
+    {
+        INVALID_DATASET,
+        INVALID_MODEL,
+        OOM,
+        TIMEOUT,
+        DOWNLOAD_FAILED,
+        UPLOAD_FAILED,
+        INTERNAL_ERROR,
+        PREEMPTED,
+    }
 )
 
 
@@ -46,10 +57,17 @@ class Cancelled(BaseException):
     swallow it when a second SIGTERM raises it from the signal handler."""
 
 
+class Preempted(BaseException):
+    """Raised inside the executor once a preemption stop took effect (after its checkpoint);
+    run() turns it into a ``failed`` result with reason ``preempted``. A BaseException for the
+    same reason as :class:`Cancelled`."""
+
+
 def exit_code(outcome: Outcome, reason: str = "") -> ExitCode:
-    """The process exit code for a run's outcome (a timeout is a failure with its own code)."""
+    """The process exit code for a run's outcome (a timeout and a preemption are failures with
+    codes of their own)."""
     if outcome is Outcome.SUCCEEDED:
         return ExitCode.SUCCEEDED
     if outcome is Outcome.CANCELLED:
         return ExitCode.CANCELLED
-    return ExitCode.TIMEOUT if reason == TIMEOUT else ExitCode.FAILED
+    return {TIMEOUT: ExitCode.TIMEOUT, PREEMPTED: ExitCode.PREEMPTED}.get(reason, ExitCode.FAILED)

@@ -13,6 +13,10 @@ node's Celery task, the SSH wrapper) that cannot see the events:
 3      cancelled: SIGTERM/SIGINT or the cancel file; nothing left behind (a pause: after
        uploading a checkpoint)
 4      timeout: max_runtime_seconds ran out
+5      preempted: the provider announced it reclaims the machine (a spot interruption
+       notice, gpu_worker.preemption); a checkpoint of the last finished step was uploaded
+       first where there was one to save. The status event is ``failed`` with code
+       ``preempted``, which the control plane retries (the job goes back to ``queued``)
 =====  ==========================================================================
 """
 
@@ -40,36 +44,48 @@ class ExitCode(IntEnum):
     USAGE = 2
     CANCELLED = 3
     TIMEOUT = 4
+    PREEMPTED = 5
 
     @classmethod
     def reported(cls) -> frozenset[ExitCode]:
         """The codes of an executor that sent its own final status event (USAGE exits before
         it can report: the spec was refused)."""
-        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.CANCELLED, cls.TIMEOUT})
+        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.CANCELLED, cls.TIMEOUT, cls.PREEMPTED})
 
 
 class StopMode(StrEnum):
     """How a run is asked to stop. A pause stops like a cancel (same outcome and exit code),
-    but saves a checkpoint first, so the job's next attempt resumes from there."""
+    but saves a checkpoint first, so the job's next attempt resumes from there. A preemption
+    saves the checkpoint the same way but ends ``failed`` with reason ``preempted`` (exit 5),
+    which the control plane retries: asked by the executor's own preemption watcher
+    (gpu_worker.preemption), or by a cancel file holding "preempt" (a launcher that learns of
+    the provider's warning another way)."""
 
     CANCEL = "cancel"
     PAUSE = "pause"
+    PREEMPT = "preempt"
+
+    @property
+    def saves_checkpoint(self) -> bool:
+        """Whether the run uploads a checkpoint of its last finished step before it stops."""
+        return self is not StopMode.CANCEL
 
     @classmethod
     def of_file(cls, path: Path) -> StopMode | None:
-        """The stop a cancel file asks for: None while it is absent; a pause when it holds
-        exactly "pause"; a cancel for anything else (an empty file, as older nodes touch)."""
+        """The stop a cancel file asks for: None while it is absent; a pause or a preemption
+        when it holds exactly "pause" or "preempt"; a cancel for anything else (an empty file,
+        as older nodes touch)."""
         try:
             text = path.read_text(encoding="utf-8", errors="replace").strip()
         except FileNotFoundError:
             return None
         except OSError:  # there but unreadable: a stop all the same
             return cls.CANCEL
-        return cls.PAUSE if text == cls.PAUSE else cls.CANCEL
+        return cls(text) if text in (cls.PAUSE, cls.PREEMPT) else cls.CANCEL
 
     def write_file(self, path: Path) -> None:
         """Write the cancel file whole (temporary file + rename): an executor that finds it
         half-written would take an empty file for a cancel."""
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.value if self is StopMode.PAUSE else "", encoding="utf-8")
+        tmp.write_text("" if self is StopMode.CANCEL else self.value, encoding="utf-8")
         tmp.replace(path)

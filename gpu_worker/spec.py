@@ -35,6 +35,7 @@ from gpu_worker.spec_schema import (
     JOB_SPEC_SCHEMA,
     JOB_SPEC_VALIDATOR,
     MAX_RUNTIME_LIMIT_SECONDS,
+    PREEMPTION_NOTICES,
     SPEC_VERSION,
     SUPPORTED_SPEC_VERSIONS,
     SpecError,
@@ -52,6 +53,7 @@ __all__ = [
     "HYPERPARAMETERS_SCHEMA",
     "JOB_SPEC_SCHEMA",
     "MAX_RUNTIME_LIMIT_SECONDS",
+    "PREEMPTION_NOTICES",
     "SPEC_VERSION",
     "SUPPORTED_SPEC_VERSIONS",
     "AdapterSpec",
@@ -158,6 +160,8 @@ class JobSpec:
 
     ``secrets`` maps a purpose to a secret *name* resolved on the executor, never a value.
     ``report`` configures the event sink (free-form JSON object, read by gpu_worker.report).
+    ``preemption_notice``: whose preemption warning to watch on this machine (``"aws"``: the
+    EC2 spot interruption notice, gpu_worker.preemption); None on machines that are not spot.
     """
 
     version: int
@@ -173,6 +177,7 @@ class JobSpec:
     max_runtime_seconds: int = DEFAULT_MAX_RUNTIME_SECONDS
     secrets: dict[str, str] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
+    preemption_notice: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict that :func:`parse_job_spec` turns back into an equal spec."""
@@ -192,6 +197,9 @@ class JobSpec:
             "max_runtime_seconds": self.max_runtime_seconds,
             "secrets": dict(self.secrets),
             "report": copy.deepcopy(self.report),
+            # Only when set, so a spec for a machine that is not spot still reads on executors
+            # that predate the field.
+            **({"preemption_notice": self.preemption_notice} if self.preemption_notice else {}),
         }
 
 
@@ -301,4 +309,5 @@ def parse_job_spec(data: object) -> JobSpec:
         max_runtime_seconds=int(data.get("max_runtime_seconds", DEFAULT_MAX_RUNTIME_SECONDS)),
         secrets=dict(data.get("secrets", {})),
         report=copy.deepcopy(data.get("report", {})),
+        preemption_notice=data.get("preemption_notice"),
     )

@@ -17,6 +17,8 @@ SPEC_VERSION: int = 1
 SUPPORTED_SPEC_VERSIONS: tuple[int, ...] = (SPEC_VERSION,)
 ADAPTER_TYPES = ("lora", "qlora", "dora")
 ALL_LINEAR = "all-linear"
+# Providers whose preemption warning the executor can watch (gpu_worker.preemption).
+PREEMPTION_NOTICES = ("aws",)
 # Signed URLs are issued per attempt with a TTL covering max_runtime; S3 caps presigned URLs at 7 days.
 MAX_RUNTIME_LIMIT_SECONDS = 7 * 24 * 3600
 
@@ -134,6 +136,12 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             },
         },
         "report": {"type": "object"},  # sink config, read by gpu_worker.report
+        # Optional and added without a version bump: a spec without it reads as before, and
+        # the control plane writes it only for attempts on spot machines.
+        "preemption_notice": {
+            "enum": [*PREEMPTION_NOTICES, None],
+            "description": '"aws" (watch the EC2 spot interruption notice) or null',
+        },
     },
 }
 

@@ -13,11 +13,16 @@ task, the RunPod handler, SSH). Steps:
    checkpoint (global step, optimizer, scheduler, RNG) instead of from zero;
 6. package the adapter bundle (gpu_worker.packaging), PUT it, report its sha256.
 
+On a spot machine (the spec's ``preemption_notice``) a watcher thread checks for the provider's
+interruption notice meanwhile (gpu_worker.preemption): once one is up, training stops at the
+next step boundary after uploading a checkpoint of the last finished step, and the run ends
+``failed`` with reason ``preempted`` (exit 5), which the control plane retries from there.
+
 Every outcome is returned as a :class:`RunResult` and reported as the final ``status`` event;
 run() does not raise for training failures. The working directory of the attempt is removed
 whatever happens (checkpoints already uploaded stay in the checkpoint slot).
 
-The steps stay together here (a little over 350 lines) so they read in the order they run; the
+The steps stay together here (a little over 400 lines) so they read in the order they run; the
 trainer, the checkpoints and the packaging are beside them (trainer, checkpoints, packaging).
 """
 
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker import backends, checkpoints, transfer
+from gpu_worker import backends, checkpoints, preemption, transfer
 from gpu_worker.backends.loading import is_oom
 from gpu_worker.bundle import BundleError
 from gpu_worker.datasets import DatasetError, detect_format, iter_examples
@@ -40,8 +45,10 @@ from gpu_worker.errors import (
     INTERNAL_ERROR,
     INVALID_DATASET,
     OOM,
+    PREEMPTED,
     Cancelled,
     ExecutorError,
+    Preempted,
     exit_code,
 )
 from gpu_worker.formatting import (
@@ -49,7 +56,7 @@ from gpu_worker.formatting import (
     FormatStats,
     encode_examples,
 )
-from gpu_worker.outcomes import ExitCode, Outcome
+from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.packaging import final_metrics, package_adapter
 from gpu_worker.trainer import StopGuard, StopProbe, build_trainer, train_with_oom_hint
 
@@ -71,8 +78,9 @@ class RunResult:
     """How an attempt ended.
 
     ``status``: succeeded, failed or cancelled. ``reason``: an EndReason value (``oom``,
-    ``timeout``, ``cancelled``...; "" on success). For a success, the bundle's sha256, size and
-    manifest (``{"format", "files": [{path, size, sha256}]}``), and the metrics (metrics.json).
+    ``timeout``, ``cancelled``, ``preempted``...; "" on success). For a success, the bundle's
+    sha256, size and manifest (``{"format", "files": [{path, size, sha256}]}``), and the
+    metrics (metrics.json).
     """
 
     status: Outcome
@@ -97,18 +105,31 @@ def run(
     callbacks: Sequence[Any] = (),
     checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS,
     checkpoint_every_seconds: float | None = DEFAULT_CHECKPOINT_EVERY_SECONDS,
+    imds_url: str | None = None,
+    preemption_poll_seconds: float = preemption.POLL_SECONDS,
 ) -> RunResult:
     """Run one attempt of ``spec``; report progress and the outcome through ``reporter``.
 
     ``should_stop`` is polled after every optimizer step (and between download chunks): once it
     returns something true the run stops within one step, removes what it wrote and returns
     ``cancelled``; when that is ``StopMode.PAUSE`` it first uploads a checkpoint of the last
-    finished step (if training got past the newest checkpoint). ``callbacks`` are extra ``transformers.TrainerCallback`` objects (benchmarks,
-    tests). The caller owns the reporter's lifecycle (start/close).
+    finished step (if training got past the newest checkpoint); ``StopMode.PREEMPT`` does the
+    same and ends ``failed`` with reason ``preempted``. ``callbacks`` are extra
+    ``transformers.TrainerCallback`` objects (benchmarks, tests). The caller owns the reporter's
+    lifecycle (start/close).
+
+    When the spec (or ``$TRAINHUB_PREEMPTION_NOTICE``) names a provider, a preemption watcher
+    checks its metadata service (``imds_url``, else ``$TRAINHUB_IMDS_URL``, else the link-local
+    address) every ``preemption_poll_seconds`` and stops the run as a preemption on a notice.
     """
-    stop = StopGuard(should_stop, spec.max_runtime_seconds)
+    watcher = preemption.watcher_for(
+        spec, reporter, base_url=imds_url, interval=preemption_poll_seconds
+    )
+    stop = StopGuard(_with_watcher(should_stop, watcher), spec.max_runtime_seconds)
     run_dir = Path(workdir) / f"{spec.job_id}-a{spec.attempt}"
     try:
+        if watcher is not None:
+            watcher.start()
         if run_dir.exists():  # a leftover of an earlier process with the same attempt
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
@@ -120,7 +141,10 @@ def run(
             callbacks=callbacks,
             every_steps=checkpoint_every_steps,
             every_seconds=checkpoint_every_seconds,
+            watcher=watcher,
         )
+    except Preempted as exc:
+        result = RunResult(Outcome.FAILED, PREEMPTED, _preempted_message(exc, watcher))
     except Cancelled as exc:
         result = RunResult(Outcome.CANCELLED, CANCELLED, str(exc) or "Cancelled.")
     except ExecutorError as exc:
@@ -133,6 +157,8 @@ def run(
             reporter.log(traceback.format_exc()[-3500:], level="error")
             result = RunResult(Outcome.FAILED, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
     finally:
+        if watcher is not None:
+            watcher.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
 
     if result.status is Outcome.SUCCEEDED:
@@ -150,6 +176,27 @@ def run(
     return result
 
 
+def _with_watcher(
+    should_stop: StopProbe | None, watcher: preemption.PreemptionWatcher | None
+) -> StopProbe | None:
+    """The launcher's stop probe, then the preemption watcher's (a cancel asked at the same
+    check wins: it leaves nothing to resume)."""
+    if watcher is None:
+        return should_stop
+
+    def probe() -> bool | StopMode | None:
+        return (should_stop() if should_stop is not None else None) or watcher()
+
+    return probe
+
+
+def _preempted_message(exc: Preempted, watcher: preemption.PreemptionWatcher | None) -> str:
+    text = str(exc).rstrip(".") or "Preempted"
+    if watcher is not None and watcher.notice is not None:
+        text += f": {watcher.notice.describe(countdown=False)}"
+    return f"{text}. The job is retried from its newest checkpoint."
+
+
 # --- the steps ------------------------------------------------------------------------------
 
 
@@ -162,6 +209,7 @@ def _run(
     callbacks: Sequence[Any],
     every_steps: int,
     every_seconds: float | None,
+    watcher: preemption.PreemptionWatcher | None = None,
 ) -> RunResult:
     backend = backends.select_backend()  # before anything imports transformers/peft
     from transformers import set_seed
@@ -221,6 +269,7 @@ def _run(
             every_steps=every_steps,
             every_seconds=every_seconds,
             start_step=resume_step,
+            asked=watcher.checkpoint_asked if watcher is not None else None,
         ),
     )
     reporter.status(
@@ -240,7 +289,11 @@ def _run(
             global_step=step,
             train_loss=metrics["train_loss"],
         )
-    stop.raise_if_stopped("before uploading the adapter", step=step)
+    if stop.check() == PREEMPTED:
+        # Training is done and the adapter is smaller than a checkpoint: worth the minutes left.
+        reporter.log("Preemption notice after the last step: uploading the adapter anyway.")
+    else:
+        stop.raise_if_stopped("before uploading the adapter", step=step)
     tar, manifest, sha256, size = package_adapter(spec, model, tokenizer, metrics, run_dir)
     transfer.upload(
         tar, spec.outputs.artifact_url, what="adapter bundle", content_type="application/x-tar"

@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_worker import backends, checkpoints
 from gpu_worker.backends.loading import is_oom
-from gpu_worker.errors import CANCELLED, OOM, TIMEOUT, Cancelled, ExecutorError
+from gpu_worker.errors import (
+    CANCELLED,
+    OOM,
+    PREEMPTED,
+    TIMEOUT,
+    Cancelled,
+    ExecutorError,
+    Preempted,
+)
 from gpu_worker.formatting import PadCollator, pad_token_id
 from gpu_worker.outcomes import StopMode
 
@@ -24,13 +32,14 @@ log = logging.getLogger(__name__)
 
 
 # What the executor polls for a stop: falsy to go on; truthy to stop; StopMode.PAUSE to stop
-# after saving a checkpoint.
+# after saving a checkpoint; StopMode.PREEMPT to do the same and end as preempted.
 StopProbe = Callable[[], "bool | StopMode | None"]
 
 
 class StopGuard:
-    """Answers "should training stop, and why" (cancel request or max_runtime); sticky.
-    ``pausing``: the stop was a pause, so the last finished step is checkpointed first."""
+    """Answers "should training stop, and why" (cancel request, preemption or max_runtime);
+    sticky. ``mode``: how the stop was asked; a pause or a preemption checkpoints the last
+    finished step first (``saves_checkpoint``)."""
 
     def __init__(self, should_stop: StopProbe | None, max_runtime: float) -> None:
         self._should_stop = should_stop
@@ -38,7 +47,15 @@ class StopGuard:
         self.started = time.monotonic()
         self.deadline = self.started + max_runtime
         self.reason: str | None = None
-        self.pausing = False
+        self.mode: StopMode | None = None
+
+    @property
+    def pausing(self) -> bool:
+        return self.mode is StopMode.PAUSE
+
+    @property
+    def saves_checkpoint(self) -> bool:
+        return self.mode is not None and self.mode.saves_checkpoint
 
     def check(self) -> str | None:
         if self.reason is None:
@@ -48,14 +65,19 @@ class StopGuard:
                 log.exception("should_stop() raised; treated as not stopping")
                 requested = None
             if requested:
-                self.reason = CANCELLED
-                self.pausing = requested == StopMode.PAUSE
+                self.mode = StopMode.CANCEL  # True, or any value it does not know
+                if isinstance(requested, str) and requested in tuple(StopMode):
+                    self.mode = StopMode(requested)
+                self.reason = PREEMPTED if self.mode is StopMode.PREEMPT else CANCELLED
             elif time.monotonic() >= self.deadline:
                 self.reason = TIMEOUT
         return self.reason
 
     def raise_if_stopped(self, where: str, step: int | None = None) -> None:
         reason = self.check()
+        if reason == PREEMPTED:
+            at = f" after step {step}" if step is not None else ""
+            raise Preempted(f"Preempted {where}{at}.")
         if reason == CANCELLED and self.pausing:
             at = f" after step {step}" if step is not None else ""
             raise Cancelled(f"Paused {where}{at}.")
@@ -131,9 +153,12 @@ def make_callback(
             if reason is not None:
                 self.stop_reason = reason
                 control.should_training_stop = True
-                # A pause keeps the work done: the Trainer saves the last finished step (on_save
-                # ships it) before it exits; once per step, and never a step already shipped.
-                control.should_save = stop.pausing and state.global_step > checkpointer.last_step
+                # A pause or a preemption keeps the work done: the Trainer saves the last
+                # finished step (on_save ships it) before it exits; once per step, and never a
+                # step already shipped.
+                control.should_save = (
+                    stop.saves_checkpoint and state.global_step > checkpointer.last_step
+                )
                 control.should_evaluate = False
             return reason
 
@@ -157,8 +182,8 @@ def make_callback(
             control: TrainerControl,
             **kwargs: Any,
         ) -> TrainerControl:
-            # Mid-accumulation: drop the partial step. A pause's save comes at the epoch end
-            # the Trainer runs next: of the last finished step, which is consistent.
+            # Mid-accumulation: drop the partial step. A pause's (or preemption's) save comes
+            # at the epoch end the Trainer runs next: of the last finished step, consistent.
             self._check_stop(control, state)
             return control
 

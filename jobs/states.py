@@ -59,6 +59,16 @@ def can_transition(src: JobStatus | str, dst: JobStatus | str) -> bool:
     return JobStatus(src) in ALLOWED_FROM[JobStatus(dst)]
 
 
+class JobCapacity(enum.StrEnum):
+    """How a job may rent cloud machines (``TrainingJob.capacity``); own nodes ignore it.
+    ``providers.base.Capacity`` is what one machine is rented as; ``ANY`` lets placement take
+    the cheaper of the two, offer by offer."""
+
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+    ANY = "any"
+
+
 class WaitCode(enum.StrEnum):
     """Why a queued job is not placed yet; the ``code`` of its waiting events."""
 

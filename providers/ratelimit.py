@@ -1,7 +1,10 @@
-"""A per-provider rate limiter shared by every worker process, kept in Redis.
+"""A per-provider, per-account rate limiter shared by every worker process, kept in Redis.
 
-A sliding window per (provider, bucket): at most ``limit`` calls in any ``window`` seconds,
-counted across all processes and machines that share the Redis. One Lua script does the check
+A sliding window per (provider, account, bucket): at most ``limit`` calls in any ``window``
+seconds, counted across all processes and machines that share the Redis. Providers limit each
+account (API key) on its own (Lambda's launch 1 per 12 s, Vast's per-identity intervals), so
+two projects with their own keys do not share, or eat into, one budget; the account is a hash
+of the key, never the key. One Lua script does the check
 and the booking atomically, on Redis's own clock, so workers with skewed clocks agree.
 A caller that would wait longer than ``max_wait_seconds`` gets RateLimited instead (a Celery
 task then retries later rather than holding a worker).
@@ -9,6 +12,7 @@ task then retries later rather than holding a worker).
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -43,11 +47,13 @@ class RateLimiter:
         *,
         provider: str,
         limits: Mapping[str, tuple[int, float]],
+        account: str = "",
         max_wait_seconds: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._book = redis_client.register_script(_BOOK)
         self.provider = provider
+        self.account = account  # account_tag(key); '' shares one set of buckets per provider
         self.limits = dict(limits)
         self.max_wait_seconds = max_wait_seconds
         self._sleep = sleep
@@ -58,7 +64,8 @@ class RateLimiter:
         if limit is None:
             return
         calls, window = limit
-        key = f"trainhub:ratelimit:{self.provider}:{bucket}"
+        scope = f"{self.provider}:{self.account}" if self.account else self.provider
+        key = f"trainhub:ratelimit:{scope}:{bucket}"
         waited = 0.0
         while True:
             wait_ms = int(
@@ -77,8 +84,18 @@ class RateLimiter:
             waited += wait_ms / 1000
 
 
-def shared_limiter(provider: str, limits: Mapping[str, tuple[int, float]]) -> RateLimiter:
-    """The limiter every process of this installation shares (the lock Redis)."""
+def account_tag(api_key: str) -> str:
+    """The account an API key stands for, as a limiter key part: a hash, never the key."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
+
+
+def shared_limiter(
+    provider: str, limits: Mapping[str, tuple[int, float]], *, api_key: str = ""
+) -> RateLimiter:
+    """The limiter every process of this installation shares (the lock Redis); with
+    ``api_key``, the buckets of that account only."""
     from jobs.locks import redis_client  # lazy: the control plane's Redis settings
 
-    return RateLimiter(redis_client(), provider=provider, limits=limits)
+    return RateLimiter(
+        redis_client(), provider=provider, limits=limits, account=account_tag(api_key)
+    )

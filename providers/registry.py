@@ -40,6 +40,9 @@ class Target:
     # The adapter lists priced offers (providers.base.OfferSource): placement chooses one,
     # ``auto`` may use the target, and price caps are checked before a machine is rented.
     has_offers: bool = False
+    # Where a spot machine of this target warns before it is taken back (the executor's
+    # ``preemption_notice``: gpu_worker/preemption.py); None: no warning to watch for.
+    spot_notice: str | None = None
 
     def __post_init__(self) -> None:
         if self.is_cloud != (self.adapter_factory is not None):
@@ -61,6 +64,7 @@ CREDENTIAL_KINDS: dict[str, tuple[str, ...]] = {
     "runpod": ("api_key",),
     "lambda": ("api_key",),
     "vastai": ("api_key",),
+    "aws": ("access_key_id", "secret_access_key"),
 }
 
 
@@ -86,6 +90,12 @@ def _vastai(secrets: dict[str, str]) -> ProviderAdapter:
     from providers import vastai
 
     return vastai.from_settings(secrets)
+
+
+def _aws(secrets: dict[str, str]) -> ProviderAdapter:
+    from providers import aws
+
+    return aws.from_settings(secrets)
 
 
 def _needs_setting(name: str) -> Callable[[], str]:
@@ -149,6 +159,17 @@ _TARGETS: dict[str, Target] = {
         adapter_factory=_vastai,
         poll_batch=200,  # one list call covers every instance
         has_offers=True,
+    ),
+    "aws": Target(
+        "aws",
+        "AWS EC2 GPU instances (on-demand or spot), the executor driven over SSH (user ubuntu).",
+        TargetKind.SSH_MACHINE,
+        credential_kind="aws",
+        adapter_factory=_aws,
+        poll_batch=1000,  # one DescribeInstances per region covers every instance
+        misconfiguration=_needs_setting("TRAINHUB_AWS_SSH_CIDR"),
+        has_offers=True,
+        spot_notice="aws",  # the instance metadata's spot/instance-action, 2 minutes ahead
     ),
 }
 

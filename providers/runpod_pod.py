@@ -17,7 +17,23 @@ SSH by the control plane (``providers.ssh``).
   their stock; ``launch`` of an offer then creates on exactly that GPU type. The pod's ``cost``
   (USD per hour, 0 once exited) is the rate RunPod actually bills, reported on every poll.
 
-Spot pods exist only in the deprecated GraphQL API and are not offered.
+Spot (interruptible) pods are not offered, because REST v2 cannot rent one. Checked against
+RunPod's v2 OpenAPI schema (runpod/docs ``api-reference-v2/openapi.json``, read 2026-11):
+``CreatePodRequest`` has name, image, cloud, gpu {id, count, allowedCudaVersions,
+minCudaVersion}, cpu, dataCenterIds, mounts, globalNetworking, startSsh, startJupyter,
+templateId and the container settings, and rejects any other field (``unevaluatedProperties:
+false``, a 422); the v1 ``interruptible`` flag was not carried over. The ``Pod`` object has no
+interruptible flag and no bid, and the catalogue's ``GpuType.price`` has only secure,
+community and serverless (no spot price). Interruptible pods remain in the GraphQL API alone
+(``podRentInterruptable`` with ``bidPerGpu``), which RunPod has deprecated and plans to retire
+in early 2027; REST v1's ``interruptible: true`` went with v1 (retired 2026-11-15). So offers
+carry no ``spot_price_per_hour``, placement never asks for spot here, and a launch that asks
+anyway (``Capacity.SPOT``) is refused as permanent before anything is rented. If v2 gains the
+field, the create body and ``pod_state`` are the two places to change: an interrupted pod
+shows as EXITED without our asking, which this adapter reads as LOST today.
+
+Rate limits: v2 limits each user (its 429 names the window and sends Retry-After), so the
+shared limiter keeps one set of buckets per API key.
 
 Kept whole (about 340 lines): the catalogue pricing and the status map are small and read
 with the calls they serve.
@@ -32,6 +48,7 @@ from typing import Any, TypeGuard
 
 from providers.base import (
     MACHINE_PREFIX,
+    Capacity,
     Handle,
     LaunchRequest,
     Offer,
@@ -40,7 +57,8 @@ from providers.base import (
     SshAddress,
 )
 from providers.errors import InstanceNotFound, NoCapacity, PermanentProviderError
-from providers.http import ProviderHTTP, shared_http
+from providers.http import ProviderHTTP
+from providers.ratelimit import shared_limiter
 
 TARGET = "runpod-pod"
 DEFAULT_URL = "https://api.runpod.io/v2"
@@ -98,6 +116,12 @@ class RunpodPods:
         self._disk_gb = disk_gb
 
     def launch(self, request: LaunchRequest) -> Handle:
+        if request.capacity is Capacity.SPOT:
+            raise PermanentProviderError(
+                f"{request.name}: RunPod's REST v2 API cannot rent an interruptible (spot) pod "
+                "(its create request has no such field); rent this pod on demand",
+                provider=TARGET,
+            )
         existing = self._find(request.name)
         if existing is not None:
             return Handle(instance_id=existing["id"], name=request.name)
@@ -328,9 +352,14 @@ def pod_state(pod: Mapping[str, Any] | None) -> RemoteState:
 def from_settings(secrets: Mapping[str, str]) -> RunpodPods:
     from django.conf import settings
 
+    key = secrets["api_key"]
     return RunpodPods(
-        api_key=secrets["api_key"],
-        http=shared_http(TARGET, settings.RUNPOD_REST_URL, RATE_LIMITS),
+        api_key=key,
+        http=ProviderHTTP(  # v2 limits each user: one set of buckets per key
+            provider=TARGET,
+            base_url=settings.RUNPOD_REST_URL,
+            limiter=shared_limiter(TARGET, RATE_LIMITS, api_key=key),
+        ),
         image=settings.RUNPOD_POD_IMAGE,
         gpu_types=settings.RUNPOD_POD_GPU_TYPES,
         cloud=settings.RUNPOD_POD_CLOUD,

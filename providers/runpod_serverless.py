@@ -13,7 +13,16 @@ endpoint, whose workers run ``gpu_worker.runpod_handler`` over the same executor
   already gone.
 
 Rate limits per bucket are 90% of RunPod's documented ones (run 1000, status 2000, cancel 100
-per 10 s), booked in Redis so every worker process shares them.
+per 10 s), booked in Redis so every worker process shares them. RunPod sets these per
+endpoint, and every project runs on the operator's one endpoint, so the buckets stay per
+provider (not per key, unlike the pod, Lambda and Vast adapters).
+
+Duplicate runs: a ``/run`` whose answer was lost may still have queued a job, and the attempt is
+then submitted again, so RunPod can run the attempt twice. The API cannot list an endpoint's
+jobs (only ``/health`` counts them), and a status call names only the job asked for, so the
+duplicate's id is first seen in its webhook (the body is the job's ``/status`` object):
+``jobs.services.webhooks`` notes a job id no attempt owns, and the reconciler cancels it through
+``cancel`` here (idempotent: a finished or unknown job is fine) and counts it.
 """
 
 from __future__ import annotations

@@ -235,6 +235,46 @@ VAST_MIN_RELIABILITY = env.float("VAST_MIN_RELIABILITY", default=0.98)
 VAST_MIN_CUDA = env.float("VAST_MIN_CUDA", default=12.8)
 VAST_MIN_INET_DOWN_MBPS = env.int("VAST_MIN_INET_DOWN_MBPS", default=200)
 VAST_VERIFIED_ONLY = env.bool("VAST_VERIFIED_ONLY", default=True)
+# --- AWS EC2 (providers/aws) ---
+# GPU instances in the operator's regions, reached over SSH (the Deep Learning AMI's ubuntu).
+# The key is a project's 'aws' credential (access_key_id + secret_access_key); with
+# TRAINHUB_AWS_USE_DEFAULT_CHAIN=1 projects allowed operator credentials use boto3's default
+# chain instead (environment, profile, the control plane's instance role), as S3 storage does.
+TRAINHUB_AWS_REGIONS = env.list("TRAINHUB_AWS_REGIONS", default=["us-east-1", "us-west-2"])
+# Instance types offered (EC2 filter syntax: "g5.*" works); each needs an on-demand price.
+TRAINHUB_AWS_INSTANCE_TYPES = env.list(
+    "TRAINHUB_AWS_INSTANCE_TYPES",
+    default=[
+        "g5.xlarge", "g5.2xlarge", "g5.12xlarge", "g5.48xlarge", "g6.xlarge", "g6.12xlarge",
+        "g6e.xlarge", "g6e.12xlarge", "p4d.24xlarge", "p5.48xlarge",
+    ],
+)  # fmt: skip
+# On-demand USD/hour overriding providers/aws/prices.py: "g5.xlarge=1.1,p5.48xlarge@us-west-2=55".
+TRAINHUB_AWS_PRICES = {
+    key.strip(): float(price)
+    for key, _, price in (e.partition("=") for e in env.list("TRAINHUB_AWS_PRICES", default=[]))
+}
+# The AMI: an id for every region or "us-east-1=ami-…,us-west-2=ami-…"; else the newest image
+# named TRAINHUB_AWS_AMI_NAME owned by TRAINHUB_AWS_AMI_OWNER (a Deep Learning AMI).
+TRAINHUB_AWS_AMI_ID = env.str("TRAINHUB_AWS_AMI_ID", default="")
+TRAINHUB_AWS_AMI_NAME = env.str(
+    "TRAINHUB_AWS_AMI_NAME",
+    default="Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *",
+)
+TRAINHUB_AWS_AMI_OWNER = env.str("TRAINHUB_AWS_AMI_OWNER", default="amazon")
+# The AMI's login and sshd port (the Deep Learning AMIs: ubuntu on 22).
+TRAINHUB_AWS_SSH_USER = env.str("TRAINHUB_AWS_SSH_USER", default="ubuntu")
+TRAINHUB_AWS_SSH_PORT = env.int("TRAINHUB_AWS_SSH_PORT", default=22)
+TRAINHUB_AWS_DISK_GB = env.int("TRAINHUB_AWS_DISK_GB", default=200)
+# The control plane's egress CIDR: port 22 of every instance opens to it alone (required).
+TRAINHUB_AWS_SSH_CIDR = env.str("TRAINHUB_AWS_SSH_CIDR", default="")
+TRAINHUB_AWS_ENDPOINT_URL = env.str("TRAINHUB_AWS_ENDPOINT_URL", default="")  # tests: moto
+TRAINHUB_AWS_USE_DEFAULT_CHAIN = env.bool("TRAINHUB_AWS_USE_DEFAULT_CHAIN", default=False)
+# An operator credential of kind 'aws' is never a key read from AWS_API_KEY: it is the chain.
+TRAINHUB_OPERATOR_API_KEYS.pop("aws", None)
+if TRAINHUB_AWS_USE_DEFAULT_CHAIN:
+    TRAINHUB_OPERATOR_API_KEYS["aws"] = "boto3-default-chain"  # providers.aws.OPERATOR_CHAIN
+
 # A pod not accepting SSH this long after launch is terminated (image pull, CUDA mismatch).
 TRAINHUB_MACHINE_READY_TIMEOUT_SECONDS = env.int(
     "TRAINHUB_MACHINE_READY_TIMEOUT_SECONDS", default=20 * 60

@@ -95,7 +95,7 @@ def spend_today(now: datetime | None = None) -> list[Spend]:
     for attempt in (
         live_machines()
         .filter(launched_at__isnull=False)
-        .only("target", "launched_at", "billed_rate_per_hour", "offer")
+        .only("target", "launched_at", *costs.RATE_FIELDS)
     ):
         cost = costs.rented_cost(attempt, since=midnight, until=now)
         if cost is not None:
@@ -123,8 +123,8 @@ def machines(now: datetime | None = None, limit: int = MACHINES_SHOWN) -> tuple[
     """The newest ``limit`` live machines, and how many there are."""
     now = now or timezone.now()
     rows = live_machines().select_related("job").only(
-        "number", "target", "provider_instance_id", "billed_rate_per_hour", "offer",
-        "launched_at", "created_at", "job__public_id",
+        "number", "target", "provider_instance_id", "launched_at", "created_at",
+        "job__public_id", *costs.RATE_FIELDS,
     )  # fmt: skip
     shown = [
         Machine(

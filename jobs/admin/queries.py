@@ -39,14 +39,13 @@ ATTEMPT_FIELDS = (
     "provider_job_id",
     "ssh_host",
     "ssh_port",
-    "offer",
     "launched_at",
     "started_at",
     "ended_at",
     "end_reason",
-    "billed_rate_per_hour",
     "estimated_cost",
     "cost",
+    *costs.RATE_FIELDS,  # what services.costs needs to price it (no query per attempt)
 )
 HIDDEN_BY_DEFAULT = ("metrics", "heartbeat")  # per-second noise: shown when asked for by type
 ADMIN_EVENT_TYPES = tuple(sorted(EVENT_TYPES | {NOTIFICATION}))

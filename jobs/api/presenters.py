@@ -43,6 +43,8 @@ _SHOWN_AS_WRITTEN = (
     "Waiting for a node: every GPU node is offline.",  # WaitCode.NODES_OFFLINE
     "No offer can take this job now:",  # WaitCode.NO_OFFER (placement)
     "No idle GPU node fits and no cloud offer can take this job now:",  # NO_OFFER for auto
+    "No spot offer can take this job now:",  # the same for capacity spot
+    "No idle GPU node fits and no cloud spot offer can take this job now:",
 )
 WAITING_GENERIC = "Waiting for a GPU node or a cloud offer that can take this job."
 
@@ -146,8 +148,12 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "gpu": j.gpu,
         "node_selector": j.node_selector,
         "max_price_per_hour": usd(j.max_price_per_hour),
+        "capacity": j.capacity,
+        "max_preemptions": j.max_preemptions,
+        "preemptions": j.preemptions,
         "estimated_cost": usd(j.estimated_cost),
         "cost": usd(j.cost),
+        "on_demand_cost": usd(j.on_demand_cost),
         "waiting_reason": (tenant_waiting_reason(j.waiting_reason) or None)
         if j.status == "queued"
         else None,

@@ -2,6 +2,8 @@
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
+from providers.registry import CREDENTIAL_KINDS
+
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
     target_class = "jobs.api.auth.ApiKeyAuthentication"
@@ -44,17 +46,29 @@ CLOSED_REQUESTS = (
     "JobCreate",
     "MethodIn",
     "SupervisedIn",
-    "CredentialCreate",
+    *(f"{kind.title()}CredentialCreate" for kind in CREDENTIAL_KINDS),  # serializers.py
     "NodeCreate",
     "WebhookEndpointCreate",
     "PatchedWebhookEndpointUpdate",  # drf-spectacular's name for a PATCH body
 )
 
 
+# One of several bodies (serializers.CredentialCreate): drf-spectacular cannot tell that a body
+# is required when it is a oneOf, and the view refuses an empty one.
+REQUIRED_ONE_OF_BODIES = ("#/components/schemas/CredentialCreate",)
+
+
 def closed_request_bodies(result: dict, **kwargs: object) -> dict:
-    """drf-spectacular postprocessing hook: ``additionalProperties: false`` on CLOSED_REQUESTS."""
+    """drf-spectacular postprocessing hook: ``additionalProperties: false`` on CLOSED_REQUESTS,
+    and the one-of bodies required."""
     schemas = result.get("components", {}).get("schemas", {})
     for name in CLOSED_REQUESTS:
         if name in schemas:
             schemas[name]["additionalProperties"] = False
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            body = (operation.get("requestBody") if isinstance(operation, dict) else None) or {}
+            refs = {m.get("schema", {}).get("$ref") for m in body.get("content", {}).values()}
+            if refs & set(REQUIRED_ONE_OF_BODIES):
+                body["required"] = True
     return result

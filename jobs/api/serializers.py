@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers as s
 
 from gpu_worker.spec_schema import ADAPTER_SCHEMA, HYPERPARAMETERS_SCHEMA
 from jobs.models.webhooks import EVENT_TYPES as WEBHOOK_EVENT_TYPES
-from jobs.states import JobStatus
+from jobs.states import JobCapacity, JobStatus
 from providers.registry import CREDENTIAL_KINDS
 
 _OBJECT = {"type": "object", "additionalProperties": True}
@@ -213,7 +213,16 @@ class JobCreate(s.Serializer):
     target = s.CharField(required=False, help_text="local, auto, or a provider (GET /providers/)")
     gpu = GpuNeeds(required=False)
     node_selector = StringMap(required=False, help_text="{label: glob}")
-    max_price_per_hour = s.FloatField(required=False, allow_null=True, min_value=0)
+    max_price_per_hour = s.FloatField(required=False, allow_null=True, min_value=0,
+                                      help_text="compared with the price paid (spot or on demand)")  # fmt: skip
+    capacity = s.ChoiceField(
+        choices=[c.value for c in JobCapacity],
+        required=False,
+        allow_null=True,
+        help_text="rented machines: on_demand (default), spot (interruptible), any (the cheaper)",
+    )
+    max_preemptions = s.IntegerField(required=False, allow_null=True, min_value=0, max_value=100,
+                                     help_text="preemptions not counted against max_attempts")  # fmt: skip
     max_runtime_seconds = s.IntegerField(required=False, min_value=60, max_value=604800)
     max_attempts = s.IntegerField(required=False, min_value=1, max_value=10)
     priority = s.IntegerField(required=False, min_value=-100, max_value=100)
@@ -262,8 +271,14 @@ class Job(s.Serializer):
     gpu = AnyObject()
     node_selector = StringMap()
     max_price_per_hour = s.FloatField(allow_null=True)
+    capacity = _enum([c.value for c in JobCapacity])
+    max_preemptions = s.IntegerField()
+    preemptions = s.IntegerField(help_text="preemptions not counted against max_attempts so far")
     estimated_cost = s.FloatField(allow_null=True)
-    cost = s.FloatField(allow_null=True)
+    cost = s.FloatField(allow_null=True, help_text="every attempt's machine time, as paid")
+    on_demand_cost = s.FloatField(
+        allow_null=True, help_text="the same machine time at on-demand rates (= cost unless spot)"
+    )
     waiting_reason = s.CharField(allow_null=True)
     trained_tokens = s.IntegerField(allow_null=True)
     metrics = AnyObject(allow_null=True)
@@ -331,22 +346,34 @@ ArtifactList = page_of(Artifact, "ArtifactList")
 # --- credentials, providers, offers -----------------------------------------------------------
 
 
-@extend_schema_field(
-    {
-        "type": "object",
-        "properties": {"api_key": {"type": "string", "pattern": "^[!-~]{1,1024}$"}},
-        "required": ["api_key"],
-        "additionalProperties": False,
-    }
+_SECRET = {"type": "string", "pattern": "^[!-~]{1,1024}$"}  # printable ASCII, no space
+
+
+def _credential_create(kind: str, fields: tuple[str, ...]) -> type[s.Serializer]:
+    """The create body of one credential kind: its provider and exactly its secret fields."""
+    secrets = {"type": "object", "properties": dict.fromkeys(fields, _SECRET),
+               "required": list(fields), "additionalProperties": False}  # fmt: skip
+    field = extend_schema_field(secrets)(type("Secrets", (s.JSONField,), {}))
+    return type(
+        f"{kind.title()}CredentialCreate",
+        (s.Serializer,),
+        {
+            "provider": _enum([kind]),
+            "name": s.CharField(required=False, max_length=100),
+            "secrets": field(help_text="write-only: stored encrypted, never returned"),
+        },
+    )
+
+
+# One body per kind, told apart by ``provider``: a schema-valid body names its kind's fields.
+CREDENTIAL_CREATES: dict[str, s.Serializer | type[s.Serializer]] = {
+    kind: _credential_create(kind, fields) for kind, fields in CREDENTIAL_KINDS.items()
+}
+CredentialCreate = PolymorphicProxySerializer(
+    component_name="CredentialCreate",
+    serializers=CREDENTIAL_CREATES,
+    resource_type_field_name="provider",
 )
-class Secrets(s.JSONField):
-    pass
-
-
-class CredentialCreate(s.Serializer):
-    provider = _enum(sorted(CREDENTIAL_KINDS))
-    name = s.CharField(required=False, max_length=100)
-    secrets = Secrets(help_text="write-only: stored encrypted, never returned")
 
 
 class Credential(s.Serializer):

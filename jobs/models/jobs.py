@@ -2,8 +2,9 @@ from django.conf import settings
 from django.db import models
 
 from jobs.models.ids import new_artifact_id, new_job_id
-from jobs.states import EndReason, JobStatus
+from jobs.states import EndReason, JobCapacity, JobStatus
 from providers import registry
+from providers.base import Capacity
 
 
 class TrainingJob(models.Model):
@@ -40,10 +41,22 @@ class TrainingJob(models.Model):
         blank=True,
         help_text="USD per hour a rented machine may cost at most (offers above are skipped).",
     )
+    capacity = models.CharField(
+        max_length=16,
+        choices=[(c.value, c.value) for c in JobCapacity],
+        default=JobCapacity.ON_DEMAND.value,
+        help_text="Rented machines: on_demand, spot (interruptible), or any (the cheaper).",
+    )
+    # Preempted attempts forgiven (not counted against max_attempts) since the last manual retry,
+    # up to max_preemptions; later preemptions count like any lost attempt.
+    max_preemptions = models.PositiveSmallIntegerField(default=5)
+    preemptions = models.PositiveSmallIntegerField(default=0)
     # Sums over the attempts (services.costs): the most the attempts could cost at their quoted
-    # rates and max runtime, and what ended attempts did cost (billed rate x time rented).
+    # rates and max runtime, what ended attempts did cost (billed rate x time rented), and what
+    # that machine time would have cost on demand (equal to cost without spot attempts).
     estimated_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    on_demand_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     priority = models.SmallIntegerField(default=0, help_text="Higher is dispatched first.")
     waiting_reason = models.CharField(
         max_length=1000, blank=True, help_text="Why a queued job is not placed yet."
@@ -131,8 +144,20 @@ class JobAttempt(models.Model):
         help_text="A launch call failed after it may have reached the provider.",
     )
     # The priced offer placement chose ({target, offer_id, gpu_name, gpu_count, vram_gb,
-    # price_per_hour, region, machine_id}); empty for targets without a price list.
+    # price_per_hour, spot_price_per_hour, region, machine_id}); empty for targets without a
+    # price list.
     offer = models.JSONField(default=dict, blank=True)
+    # How the machine is rented ('' for the own fleet): spot bills the offer's spot price.
+    capacity = models.CharField(
+        max_length=16, blank=True, choices=[(c.value, c.value) for c in Capacity]
+    )
+    on_demand_rate_per_hour = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="The offer's on-demand USD per hour (what a spot machine saves against).",
+    )
     launched_at = models.DateTimeField(
         null=True, blank=True, help_text="When the provider accepted the launch (billing starts)."
     )
@@ -164,6 +189,13 @@ class JobAttempt(models.Model):
         null=True,
         blank=True,
         help_text="Billed (else quoted) rate x time from launch to end.",
+    )
+    on_demand_cost = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="The same machine time at the on-demand rate (= cost unless spot).",
     )
 
     class Meta:

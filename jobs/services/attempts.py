@@ -6,6 +6,11 @@ decides where the job goes: back to the queue while attempts remain, failed, or 
 A paused job stays paused whatever stopped its attempt (it was to stop), unless the attempt
 failed for a reason a resume would meet again (OOM, a bad dataset...): then the job fails as a
 running one would, and a retry still resumes from its newest checkpoint.
+
+A preempted attempt (a spot machine taken back) requeues the job without counting against
+``max_attempts``, for up to ``max_preemptions`` preemptions since the last manual retry
+(``TrainingJob.preemptions`` counts them); later ones count like any lost attempt. Like a
+pause, a forgiven preemption moves ``attempt_budget_start`` up by one.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from gpu_worker.outcomes import Outcome
@@ -32,7 +38,7 @@ from jobs.services.events import (
 from jobs.services.nodes import node_release
 from jobs.services.status import job_transition
 from jobs.states import EndReason, JobStatus
-from providers.base import MACHINE_PREFIX, Handle
+from providers.base import MACHINE_PREFIX, Capacity, Handle
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -96,10 +102,11 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         )
         if not ended:
             return False
+        settled = None
         if attempt.on_own_fleet:
             node_release(attempt=attempt)
         else:
-            costs.attempt_settle_cost(attempt_pk=attempt.pk)
+            settled = costs.attempt_settle_cost(attempt_pk=attempt.pk)
         job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
         if job.status == S.PAUSED and reason == EndReason.CANCELLED:
             reason = EndReason.PAUSED  # the stop the pause asked for
@@ -112,6 +119,8 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
             message=f"Attempt {attempt.number} ended: {detail}.",
             data={"attempt": attempt.number, "end_reason": str(reason)},
         )
+        if settled is not None:
+            _note_spot_saving(job, settled)
         if reason == EndReason.SUCCEEDED:
             pass  # the job moves on through finalizing → succeeded at ingest
         elif job.status == S.PAUSED:
@@ -119,13 +128,20 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         elif job.status == S.CANCELLING:
             job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
         elif job.status in (S.PROVISIONING, S.RUNNING, S.FINALIZING):
+            forgiven = job.status != S.FINALIZING and _forgive_preemption(job, reason)
             used = attempt.number - job.attempt_budget_start
             if reason.retryable and used < job.max_attempts and job.status != S.FINALIZING:
+                free = (
+                    f"preemption {job.preemptions} of {job.max_preemptions} not counted; "
+                    if forgiven
+                    else ""
+                )
                 job_transition(
                     job=job,
                     to=S.QUEUED,
                     message=f"Requeued after attempt {attempt.number} ({detail}); "
-                    f"{job.max_attempts - used} attempt(s) left.",
+                    f"{free}{job.max_attempts - used} attempt(s) left.",
+                    data={"preemptions": job.preemptions} if forgiven else None,
                 )
             else:
                 suffix = f" after {used} attempt(s)" if reason.retryable else ""
@@ -135,6 +151,40 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
     if attempt.provider_instance_id:  # however it ended, its machine must stop billing
         messages.send_stop_machines(attempt.job_id)
     return True
+
+
+def _forgive_preemption(job: TrainingJob, reason: EndReason) -> bool:
+    """A preemption within the job's ``max_preemptions`` does not count against
+    ``max_attempts``: the budget's start moves up by one (as for a pause). The job row is
+    locked by the caller."""
+    if reason != EndReason.PREEMPTED or job.preemptions >= job.max_preemptions:
+        return False
+    TrainingJob.objects.filter(pk=job.pk).update(
+        attempt_budget_start=F("attempt_budget_start") + 1, preemptions=F("preemptions") + 1
+    )
+    job.attempt_budget_start += 1
+    job.preemptions += 1
+    return True
+
+
+def _note_spot_saving(job: TrainingJob, attempt: JobAttempt) -> None:
+    """A spot attempt's cost against what its machine time would have cost on demand."""
+    if attempt.capacity != Capacity.SPOT or attempt.cost is None or attempt.on_demand_cost is None:
+        return
+    saved = attempt.on_demand_cost - attempt.cost
+    event_append(
+        job=job,
+        type="log",
+        message=f"Attempt {attempt.number} ran on spot for ${attempt.cost:.2f}; on demand it "
+        f"would have cost ${attempt.on_demand_cost:.2f} (saved ${saved:.2f}).",
+        data={
+            "attempt": attempt.number,
+            "capacity": attempt.capacity,
+            "cost": float(attempt.cost),
+            "on_demand_cost": float(attempt.on_demand_cost),
+            "saved": float(saved),
+        },
+    )
 
 
 def _end_while_paused(

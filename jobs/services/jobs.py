@@ -26,10 +26,12 @@ from jobs.services.job_request import native_job_request, parse_metadata
 from jobs.services.retention import storage_forget
 from jobs.services.status import job_transition
 from jobs.services.targets import target_problem
-from jobs.states import LIVE, TERMINAL, JobStatus
+from jobs.states import LIVE, TERMINAL, JobCapacity, JobStatus
 from providers import registry
 
 S = JobStatus
+# Preemptions of spot machines that do not count against max_attempts (per manual retry).
+DEFAULT_MAX_PREEMPTIONS = 5
 JOB_FIELDS = (
     "model",
     "training_file",
@@ -44,6 +46,8 @@ JOB_FIELDS = (
     "gpu",
     "node_selector",
     "max_price_per_hour",
+    "capacity",
+    "max_preemptions",
     "priority",
     "metadata",
     # OpenAI's spellings, turned into the fields above by job_request.native_job_request
@@ -70,6 +74,22 @@ def _int_field(data: Mapping[str, Any], name: str, default: int, low: int, high:
     if not low <= value <= high:
         raise _param_error(f"{name} must be between {low} and {high} (got {value}).", name)
     return value
+
+
+def _capacity(value: object) -> JobCapacity:
+    choices = ", ".join(c.value for c in JobCapacity)
+    if value is None:
+        return JobCapacity.ON_DEMAND
+    if not isinstance(value, str):
+        raise _param_error(
+            f"capacity must be one of {choices} (got {type(value).__name__}).",
+            "capacity",
+            "invalid_type",
+        )
+    try:
+        return JobCapacity(value)
+    except ValueError:
+        raise _param_error(f"capacity {value!r} is not one of {choices}.", "capacity") from None
 
 
 def _model_allowed(model: str) -> bool:
@@ -179,6 +199,8 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
         "gpu": gpu_needs.parse_gpu(data.get("gpu")),
         "node_selector": gpu_needs.parse_node_selector(data.get("node_selector")),
         "max_price_per_hour": gpu_needs.parse_price(data.get("max_price_per_hour")),
+        "capacity": _capacity(data.get("capacity")),
+        "max_preemptions": _int_field(data, "max_preemptions", DEFAULT_MAX_PREEMPTIONS, 0, 100),
         "priority": _int_field(data, "priority", 0, -100, 100),
         "metadata": parse_metadata(data.get("metadata")),
     }
@@ -189,6 +211,14 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
             f"target '{entry.name}' has no price list, so max_price_per_hour cannot be "
             "enforced there; use a target with offers (GET /api/v1/providers/) or 'auto'.",
             "max_price_per_hour",
+        )
+    spot = parsed["capacity"] == JobCapacity.SPOT
+    if spot and entry is not None and entry.is_cloud and not entry.has_offers:  # local ignores it
+        raise _param_error(
+            f"target '{entry.name}' has no price list, so it cannot rent spot machines; "
+            "use a target whose offers have a spot price (GET /api/v1/providers/), 'auto', "
+            "or capacity 'any'.",
+            "capacity",
         )
     return parsed
 
@@ -400,7 +430,8 @@ def job_resume(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
 
 
 def job_retry(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
-    """Queue a failed or cancelled job again with a fresh automatic-retry budget."""
+    """Queue a failed or cancelled job again with a fresh automatic-retry budget (and a fresh
+    allowance of preemptions that do not count against it)."""
     if job.status not in (S.FAILED, S.CANCELLED):
         raise Conflict(
             f"Only failed or cancelled jobs can be retried; {job.public_id} is {job.status}.",
@@ -409,8 +440,8 @@ def job_retry(*, job: TrainingJob, actor: Actor = SYSTEM) -> TrainingJob:
     before = job.status
     with transaction.atomic():
         used = job.attempts.count()
-        TrainingJob.objects.filter(pk=job.pk).update(attempt_budget_start=used)
-        job.attempt_budget_start = used
+        TrainingJob.objects.filter(pk=job.pk).update(attempt_budget_start=used, preemptions=0)
+        job.attempt_budget_start, job.preemptions = used, 0
         if job.training_file.status != TrainingFile.Status.PROCESSED:
             raise Conflict("The job's training file is not usable any more.", code="invalid_file")
         job_transition(job=job, to=S.QUEUED, message="Retry requested; job queued.")

@@ -33,7 +33,7 @@ from jobs.services.targets import MissingCredentials, adapter_for
 from jobs.services.webhooks import webhook_url
 from jobs.states import EndReason, JobStatus
 from providers import registry
-from providers.base import LaunchRequest, Offer, RemoteStatus
+from providers.base import Capacity, LaunchRequest, Offer, RemoteStatus
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -50,12 +50,16 @@ LAUNCH_RETRY_SECONDS = (5, 15, 30, 60, 120)
 UNCONFIRMED_WAIT_SECONDS = 60
 
 
-def offer_label(offer: Offer) -> str:
-    """'vastai 4821 (1x RTX 4090 24 GB, $0.35/h)': how events and reasons name an offer."""
+def offer_label(offer: Offer, terms: tuple[Capacity, float] | None = None) -> str:
+    """'vastai 4821 (1x RTX 4090 24 GB, $0.35/h)': how events and reasons name an offer;
+    with ``terms`` (costs.rental_terms) a spot rental says so: '$0.12/h spot'."""
     where = f" in {offer.region}" if offer.region else ""
+    price, spot = offer.price_per_hour, ""
+    if terms is not None and terms[0] == Capacity.SPOT:
+        price, spot = terms[1], " spot"
     return (
         f"{offer.target} {offer.offer_id} ({offer.gpu_count}x {offer.gpu_name} "
-        f"{offer.vram_gb:g} GB{where}, ${offer.price_per_hour:.2f}/h)"
+        f"{offer.vram_gb:g} GB{where}, ${price:.2f}/h{spot})"
     )
 
 
@@ -100,7 +104,8 @@ def attempt_provision(
         if offer is not None:
             why = _claim_offer(attempt, offer)
             if why:
-                refusals.append(f"{offer_label(offer)}: {why}")
+                label = offer_label(offer, costs.rental_terms(offer, job.capacity))
+                refusals.append(f"{label}: {why}")
                 continue
         target = registry.cloud(attempt.target)
         if target is None:
@@ -115,7 +120,8 @@ def attempt_provision(
                 _launch_failed(attempt, target, exc, try_number)
                 return
             offers.offer_refused(offer, f"no capacity: {exc.message}")
-            refusals.append(f"{offer_label(offer)}: no capacity ({exc.message})")
+            label = offer_label(offer, costs.rental_terms(offer, job.capacity))
+            refusals.append(f"{label}: no capacity ({exc.message})")
             continue
         except (MissingCredentials, ProviderError) as exc:
             _launch_failed(attempt, target, exc, try_number)
@@ -130,20 +136,29 @@ def attempt_provision(
 
 
 def _claim_offer(attempt: JobAttempt, offer: Offer) -> str:
-    """Make ``offer`` the attempt's, unless the project's spend ceiling forbids it (checked
-    with the project row locked, so two launches cannot both take the last dollars)."""
+    """Make ``offer`` the attempt's, rented as the job's ``capacity`` asks (spot or on demand,
+    costs.rental_terms), unless the project's spend ceiling forbids it (checked with the
+    project row locked, so two launches cannot both take the last dollars)."""
+    terms = costs.rental_terms(offer, attempt.job.capacity)
+    if terms is None:
+        return "not offered as spot"
+    capacity, price = terms
     with transaction.atomic():
         project = Project.objects.select_for_update().get(pk=attempt.job.project_id)
         if project.max_spend_per_hour is not None:
             spend = costs.project_spend_per_hour(project_id=project.pk, exclude_attempt=attempt.pk)
-            why = costs.over_ceiling(
-                ceiling=project.max_spend_per_hour, spend=spend, price=offer.price_per_hour
-            )
+            why = costs.over_ceiling(ceiling=project.max_spend_per_hour, spend=spend, price=price)
             if why:
                 return why
-        fields = {"target": offer.target, "offer": dataclasses.asdict(offer)}
+        fields = {
+            "target": offer.target,
+            "offer": dataclasses.asdict(offer),
+            "capacity": str(capacity),
+            "on_demand_rate_per_hour": costs.money(offer.price_per_hour),
+        }
         JobAttempt.objects.filter(pk=attempt.pk).update(**fields)
-    attempt.target, attempt.offer = offer.target, fields["offer"]
+    for name, value in fields.items():
+        setattr(attempt, name, value)
     return ""
 
 
@@ -153,17 +168,22 @@ def _launched(
     job = attempt.job
     now = timezone.now()
     estimate = None
-    if offer is not None:
+    quoted = costs.quoted_rate(attempt) if offer is not None else None
+    if quoted is not None:
         hours = Decimal(job.max_runtime_seconds) / 3600
-        estimate = costs.money(costs.money(offer.price_per_hour) * hours)
+        estimate = costs.money(quoted * hours)
+    if not attempt.capacity:  # a target without a price list rents on demand
+        attempt.capacity = Capacity.ON_DEMAND
     JobAttempt.objects.filter(pk=attempt.pk).update(
+        capacity=attempt.capacity,
         provider_instance_id=instance_id,
         launched_at=now,
         launch_unconfirmed_at=None,
         estimated_cost=estimate,
         next_poll_at=now + timedelta(seconds=POLL_EVERY[RemoteStatus.PENDING]),
     )
-    where = f" on {offer_label(offer)}" if offer is not None else ""
+    terms = (Capacity(attempt.capacity), float(quoted)) if quoted is not None else None
+    where = f" on {offer_label(offer, terms)}" if offer is not None else ""
     event_append(
         job=job,
         type="log",
@@ -172,6 +192,7 @@ def _launched(
         data={
             "attempt": attempt.number,
             "instance": instance_id,
+            "capacity": attempt.capacity,
             **({"offer": dataclasses.asdict(offer)} if offer is not None else {}),
         },
     )
@@ -198,6 +219,8 @@ def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchReque
         ssh_public_key=remote.attempt_public_key(attempt) if target.drives_ssh else "",
         webhook_url=webhook_url(attempt),
         offer=Offer(**attempt.offer) if attempt.offer else None,
+        # placement priced the offer this way (_claim_offer); targets without offers: on demand
+        capacity=Capacity(attempt.capacity or Capacity.ON_DEMAND),
     )
 
 

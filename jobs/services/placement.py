@@ -5,10 +5,15 @@
 - A priced target (``lambda``, ``vastai``, ``runpod-pod``): the cheapest offer of that target.
 - A target without a price list (``runpod-serverless``): launched as it is.
 
+An offer is priced the way the job's ``capacity`` rents it (costs.rental_terms): ``on_demand``
+at its on-demand price, ``spot`` at its spot price (offers without one are skipped), ``any`` at
+the cheaper of the two. The own fleet ignores ``capacity``.
+
 An offer is skipped, with its reason, when it does not fit the job's ``gpu`` needs, has no
-capacity now, costs more than the job's ``max_price_per_hour`` or than the project's spend
-ceiling leaves, ran an earlier attempt of this job that failed, or was refused lately. The rest
-are tried cheapest first within one attempt (services.launch). A job nothing can take stays
+capacity now, cannot be rented as the job asks (no spot price), costs more (at the price the
+job would pay) than the job's ``max_price_per_hour`` or than the project's spend ceiling
+leaves, ran an earlier attempt of this job that failed, or was refused lately. The rest are
+tried cheapest first within one attempt (services.launch). A job nothing can take stays
 queued with the reason (``waiting_reason``, and an event when it changes); the beat tries it
 again every ``PLACE_INTERVAL_SECONDS``.
 """
@@ -25,9 +30,9 @@ from jobs.models import GpuNode, JobAttempt, TrainingJob
 from jobs.services import costs, dispatch, launch, offers
 from jobs.services.events import event_append
 from jobs.services.targets import MissingCredentials, target_problem
-from jobs.states import EndReason, JobStatus, WaitCode
+from jobs.states import EndReason, JobCapacity, JobStatus, WaitCode
 from providers import registry
-from providers.base import Offer, offer_misfit
+from providers.base import Capacity, Offer, offer_misfit
 from providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
@@ -38,8 +43,14 @@ MAX_CANDIDATES = 5
 PLACE_BATCH = 50
 # Skip reasons listed in an event (the rest are counted).
 MAX_LISTED = 12
-# An attempt that ended so says nothing against its machine (the job or the user ended it).
-_NOT_THE_MACHINE = (EndReason.SUCCEEDED, EndReason.CANCELLED, EndReason.PRICE_CAP_EXCEEDED)
+# An attempt that ended so says nothing against its machine (the job or the user ended it; a
+# spot machine taken back is no fault of the host, and avoiding it could strand the job).
+_NOT_THE_MACHINE = (
+    EndReason.SUCCEEDED,
+    EndReason.CANCELLED,
+    EndReason.PRICE_CAP_EXCEEDED,
+    EndReason.PREEMPTED,
+)
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,13 @@ class Plan:
     candidates: list[Offer] = field(default_factory=list)
     skipped: list[tuple[Offer, Skip]] = field(default_factory=list)
     unusable: list[str] = field(default_factory=list)  # targets that could not be asked
+    capacity: str = JobCapacity.ON_DEMAND  # the job's: how candidates are priced and labelled
+
+    def label(self, offer: Offer) -> str:
+        return launch.offer_label(offer, costs.rental_terms(offer, self.capacity))
 
     def summary(self) -> str:
-        lines = [f"{launch.offer_label(o)}: {why}" for o, why in self.skipped[:MAX_LISTED]]
+        lines = [f"{self.label(o)}: {why}" for o, why in self.skipped[:MAX_LISTED]]
         more = len(self.skipped) - MAX_LISTED
         if more > 0:
             lines.append(f"{more} more")
@@ -93,13 +108,13 @@ def job_place(*, job_pk: int) -> JobAttempt | None:
         job=job,
         type="log",
         message=f"Placement: {len(plan.candidates)} offer(s) to try, cheapest first: "
-        f"{launch.offer_label(first)}."
+        f"{plan.label(first)}."
         + (f" Skipped: {plan.summary()}." if plan.skipped or plan.unusable else ""),
         data={
-            "candidates": [launch.offer_label(o) for o in plan.candidates],
+            "capacity": job.capacity,
+            "candidates": [plan.label(o) for o in plan.candidates],
             "skipped": [
-                {"offer": launch.offer_label(o), "reason": str(why)}
-                for o, why in plan.skipped[:MAX_LISTED]
+                {"offer": plan.label(o), "reason": str(why)} for o, why in plan.skipped[:MAX_LISTED]
             ],
             "unusable": plan.unusable,
         },
@@ -124,8 +139,9 @@ def jobs_place_waiting() -> int:
 
 
 def job_plan(job: TrainingJob) -> Plan:
-    """The offers that could take ``job`` now, cheapest first, and why others cannot."""
-    plan = Plan()
+    """The offers that could take ``job`` now, cheapest first at the price the job would pay
+    for each (its ``capacity``), and why others cannot."""
+    plan = Plan(capacity=job.capacity)
     found: list[Offer] = []
     for target in _targets_of(job):
         problem = target_problem(project=job.project, target=target)
@@ -144,7 +160,12 @@ def job_plan(job: TrainingJob) -> Plan:
     spend = Decimal(0)
     if job.project.max_spend_per_hour is not None:  # else no need to add up the live machines
         spend = costs.project_spend_per_hour(project_id=job.project_id)
-    for offer in sorted(found, key=lambda o: (o.price_per_hour, o.target, o.offer_id)):
+
+    def price(offer: Offer) -> float:
+        terms = costs.rental_terms(offer, job.capacity)
+        return terms[1] if terms is not None else offer.price_per_hour
+
+    for offer in sorted(found, key=lambda o: (price(o), o.target, o.offer_id)):
         why = _skip_reason(job, offer, refused, failed, spend)
         if why is not None:
             plan.skipped.append((offer, why))
@@ -172,12 +193,15 @@ def _skip_reason(
         return Skip("does not fit", f": {misfit}")
     if not offer.available:
         return Skip("no capacity now")
+    terms = costs.rental_terms(offer, job.capacity)
+    if terms is None:
+        return Skip("not offered as spot")
+    capacity, price = terms
     cap = job.max_price_per_hour
-    if cap is not None and costs.money(offer.price_per_hour) > cap:
-        return Skip(f"over the job's max_price_per_hour of ${cap:.2f}/h")
-    over = costs.over_ceiling(
-        ceiling=job.project.max_spend_per_hour, spend=spend, price=offer.price_per_hour
-    )
+    if cap is not None and costs.money(price) > cap:
+        at = " at its spot price" if capacity == Capacity.SPOT else ""
+        return Skip(f"over the job's max_price_per_hour of ${cap:.2f}/h{at}")
+    over = costs.over_ceiling(ceiling=job.project.max_spend_per_hour, spend=spend, price=price)
     if over:
         return Skip(over)
     for key in ((offer.target, f"m:{offer.machine_id}"), (offer.target, f"o:{offer.offer_id}")):
@@ -215,9 +239,10 @@ def _waiting_reason(job: TrainingJob, plan: Plan) -> str:
     parts = [*plan.unusable, *(f"{n} offer(s) {why}" for why, n in groups.most_common())]
     if not parts:
         parts = ["no offer lists a machine for these GPU needs"]
+    kind = "spot offer" if job.capacity == JobCapacity.SPOT else "offer"
     head = (
-        "No idle GPU node fits and no cloud offer"
+        f"No idle GPU node fits and no cloud {kind}"
         if job.target == registry.AUTO_TARGET
-        else "No offer"
+        else f"No {kind}"
     )
     return f"{head} can take this job now: {'; '.join(parts)}."

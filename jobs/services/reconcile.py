@@ -4,7 +4,11 @@ attempt owns, so no rented GPU keeps billing after its attempt ends.
 A machine's name is chosen by whoever holds the account it runs in: a project with its own key
 can name a machine after another project's job. So a job hears about a machine only when the
 machine was listed under the provider account that job's project uses; any other is terminated
-in its own account and logged, and no job is touched."""
+in its own account and logged, and no job is touched.
+
+Provider jobs that cannot be listed (RunPod serverless) but that a webhook showed to be owned
+by no attempt (``webhooks.webhook_job_seen``: a duplicate run of an ambiguous launch) are
+cancelled here too, with the key of the attempt whose webhook named them."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from jobs.services.attempts import parse_machine_name
 from jobs.services.events import event_append
 from jobs.services.offers import provider_account
 from jobs.services.targets import MissingCredentials, adapter_for, target_secrets
+from jobs.services.webhooks import orphan_job_done, orphan_jobs_pending
 from providers import registry
 from providers.base import Handle, ProviderAdapter
 from providers.errors import ProviderError
@@ -25,9 +30,10 @@ log = logging.getLogger(__name__)
 
 
 def providers_reconcile() -> int:
-    """Terminate every machine of ours (``trainhub-<job>-a<n>``) that no live attempt owns;
-    returns how many were terminated. One listing per target and credential."""
-    terminated = 0
+    """Terminate every machine of ours (``trainhub-<job>-a<n>``) that no live attempt owns,
+    and cancel the orphan provider jobs webhooks showed; returns how many were ended. One
+    listing per target and credential."""
+    terminated = orphan_jobs_cancel()
     for target in registry.cloud_targets():
         if target.misconfiguration():
             continue  # nothing can have been launched on it as configured
@@ -43,6 +49,43 @@ def providers_reconcile() -> int:
             for handle in machines:
                 terminated += _reconcile_machine(target, adapter, handle, account)
     return terminated
+
+
+def orphan_jobs_cancel() -> int:
+    """Cancel each provider job a webhook showed to be owned by no attempt (a duplicate run of
+    an ambiguous launch), with the key of the attempt whose webhook named it; returns how many
+    were cancelled. Cancelling twice is harmless, so one that fails is tried again next run;
+    one an attempt has come to own meanwhile is left alone."""
+    cancelled = 0
+    for job_id, attempt_pk in orphan_jobs_pending().items():
+        attempt = JobAttempt.objects.select_related("job__project").filter(pk=attempt_pk).first()
+        target = registry.cloud(attempt.target) if attempt is not None else None
+        if (
+            attempt is None
+            or target is None
+            or JobAttempt.objects.filter(
+                target=attempt.target, provider_instance_id=job_id
+            ).exists()
+        ):
+            orphan_job_done(job_id=job_id, cancelled=False)
+            continue
+        try:
+            adapter_for(target, attempt.job.project).cancel(Handle(instance_id=job_id))
+        except (MissingCredentials, ProviderError) as exc:
+            log.warning("orphan %s job %s not cancelled yet: %s", target.name, job_id, exc)
+            continue
+        orphan_job_done(job_id=job_id, cancelled=True)
+        cancelled += 1
+        log.warning("reconciler cancelled orphan %s job %s", target.name, job_id)
+        event_append(
+            job=attempt.job,
+            type="log",
+            level="warning",
+            message=f"Reconciler cancelled {target.name} job {job_id}: a second run of attempt "
+            f"{attempt.number} that no attempt owns (the provider ran a launch twice).",
+            data={"instance": job_id, "reason": "orphan provider job"},
+        )
+    return cancelled
 
 
 def _projects_with_credentials(target: registry.Target) -> list[Project]:

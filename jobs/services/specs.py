@@ -17,6 +17,8 @@ from django.conf import settings
 from gpu_worker.spec import SPEC_VERSION
 from jobs import storage
 from jobs.models import JobAttempt
+from providers import registry
+from providers.base import Capacity
 
 # Signed URLs outlive the attempt: max_runtime plus time to wait in the node's queue and upload.
 # (S3 caps a presigned URL at 7 days, so a week-long job gets no slack there.)
@@ -79,6 +81,10 @@ def attempt_spec(
             "flush_seconds": 1.0,
         },
     }
+    target = registry.get(attempt.target)
+    if attempt.capacity == Capacity.SPOT and target is not None and target.spot_notice:
+        # A spot machine that warns: the executor checkpoints when the warning comes.
+        spec["preemption_notice"] = target.spot_notice
     return spec
 
 

@@ -18,7 +18,15 @@ driven over SSH as ``ubuntu`` by the control plane (``providers.ssh``). Every an
 - cancel: ``POST /instance-operations/terminate`` (Lambda has no stop: billing runs until
   terminate); then, best effort, our keys that no instance uses any more are deleted.
 
-No spot, and no CPU-only types (the executor needs a GPU).
+Errors: ``instance-operations/launch/insufficient-capacity`` is NoCapacity (the next offer may
+have machines); ``global/quota-exceeded`` is QuotaExceeded, a permanent refusal: the quota is
+the account's, so every other offer would be refused too, each try spending a 12.5 s slot of
+the launch bucket. Rate limits are Lambda's per API key, so the shared limiter keeps one set of
+buckets per key (``from_settings``), not one per provider.
+
+No spot: Lambda's API v1 has no interruptible or spot instances (launch takes no such field
+and instance types carry one on-demand price), so offers never carry a spot price. No CPU-only
+types (the executor needs a GPU).
 
 This module is the adapter (the calls and their order; ``poll`` reads instances through this
 module's ``instance_state``, which a test replaces); what it reads and sends is beside it:
@@ -40,13 +48,15 @@ from providers.errors import (
     ProviderError,
     RateLimited,
     TransientProviderError,
+    vm_launch_target,
 )
-from providers.http import ProviderHTTP, shared_http
+from providers.http import ProviderHTTP
 from providers.lambda_cloud.api import DEFAULT_URL, RATE_LIMITS, SSH_PORT, SSH_USER, TARGET
 from providers.lambda_cloud.codes import ERROR_CODES, translate
 from providers.lambda_cloud.keys import KEY_PREFIX, OUR_KEY, key_name
 from providers.lambda_cloud.offers import offers_from_types, parse_gpu
 from providers.lambda_cloud.states import STATUS_MAP, instance_state
+from providers.ratelimit import shared_limiter
 
 __all__ = [
     "DEFAULT_URL",
@@ -96,19 +106,7 @@ class LambdaCloud:
     # --- launch ---------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> Handle:
-        offer = request.offer
-        type_name, _, region = (offer.offer_id if offer else "").partition("@")
-        if offer is None or offer.target != TARGET or not type_name or not region:
-            got = f"{offer.target} offer {offer.offer_id!r}" if offer else "no offer"
-            raise PermanentProviderError(
-                "a Lambda launch rents one offer: the request must carry an available Lambda "
-                f"offer '<instance type>@<region>' from offers(); it has {got}",
-                provider=TARGET,
-            )
-        if not request.ssh_public_key:
-            raise PermanentProviderError(
-                "Lambda launches need the attempt's SSH public key", provider=TARGET
-            )
+        _, type_name, region = vm_launch_target(request, TARGET, "Lambda")
         existing = self._find(request.name)
         if existing is not None:
             return Handle(instance_id=str(existing["id"]), name=request.name)
@@ -292,9 +290,15 @@ class LambdaCloud:
 def from_settings(secrets: Mapping[str, str]) -> LambdaCloud:
     from django.conf import settings
 
+    key = secrets["api_key"]
     return LambdaCloud(
-        api_key=secrets["api_key"],
-        http=shared_http(TARGET, settings.LAMBDA_API_URL, RATE_LIMITS),
+        api_key=key,
+        # Lambda limits each API key: one set of buckets per key, shared by every worker.
+        http=ProviderHTTP(
+            provider=TARGET,
+            base_url=settings.LAMBDA_API_URL,
+            limiter=shared_limiter(TARGET, RATE_LIMITS, api_key=key),
+        ),
         instance_types=settings.LAMBDA_INSTANCE_TYPES,
         regions=settings.LAMBDA_REGIONS,
     )

@@ -11,13 +11,16 @@ from providers.errors import (
     InvalidCredentials,
     NoCapacity,
     ProviderError,
+    QuotaExceeded,
     TransientProviderError,
 )
 
 # Lambda's error code -> what it means to the control plane, whatever the HTTP status.
 ERROR_CODES: Mapping[str, type[ProviderError]] = {
     "instance-operations/launch/insufficient-capacity": NoCapacity,
-    "global/quota-exceeded": NoCapacity,
+    # The account's quota, not Lambda's stock: every other offer would be refused the same way
+    # (each try spending 12.5 s of the launch bucket), so the launch stops here.
+    "global/quota-exceeded": QuotaExceeded,
     "global/invalid-api-key": InvalidCredentials,
     "global/account-inactive": InvalidCredentials,
     "global/object-does-not-exist": InstanceNotFound,

@@ -1,4 +1,4 @@
-"""Vast.ai instances (``GET /instances/`` entries) as RemoteStates: the one status map."""
+"""Vast.ai instances (``GET /api/v1/instances/`` rows) as RemoteStates: the one status map."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Any
 
 from providers.base import RemoteState, RemoteStatus, SshAddress
 from providers.vastai.api import number
+
+# The EndReason an interrupted spot machine ends with (providers.base.Capacity).
+PREEMPTED = "preempted"
 
 # ``actual_status``, the container's state. Vast sends null while the contract is being set up:
 # ``instance_state`` reads null (and a missing field) as "".
@@ -36,6 +39,16 @@ def instance_state(instance: Mapping[str, Any] | None) -> RemoteState:
     price = number(instance.get("dph_total"))
     status_msg = str(instance.get("status_msg") or "").strip()
     states = {instance.get(k) for k in ("cur_state", "intended_status", "next_state")}
+    if instance.get("is_bid") and (states == {"stopped"} or raw == "stopped"):
+        # An interruptible instance Vast stopped: outbid, or its host took it back. We never
+        # stop one ourselves, and it stays stopped (billing its disk) until it is destroyed.
+        return RemoteState(
+            RemoteStatus.FAILED,
+            "preempted: Vast stopped this interruptible instance (outbid or its host took it "
+            f"back; actual_status {raw or 'null'})",
+            error_code=PREEMPTED,
+            price_per_hour=price,
+        )
     if states == {"stopped"}:
         return RemoteState(
             RemoteStatus.LOST,

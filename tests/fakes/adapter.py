@@ -86,8 +86,16 @@ class FakeAdapter:
     # --- test helpers --------------------------------------------------------------------------
 
     def add_offer(
-        self, offer_id: str, price: float, *, gpu: str = "RTX 4090", count: int = 1, **extra: object
+        self,
+        offer_id: str,
+        price: float,
+        *,
+        gpu: str = "RTX 4090",
+        count: int = 1,
+        spot: float | None = None,
+        **extra: object,
     ) -> Offer:
+        """An offer at ``price`` on demand and, with ``spot``, that spot price too."""
         offer = Offer(
             target=self.name,
             offer_id=offer_id,
@@ -95,6 +103,7 @@ class FakeAdapter:
             gpu_count=count,
             vram_gb=float(extra.pop("vram_gb", 24)),  # type: ignore[arg-type]
             price_per_hour=price,
+            spot_price_per_hour=spot,
             **extra,  # type: ignore[arg-type]
         )
         self.offer_list.append(offer)
@@ -104,6 +113,13 @@ class FakeAdapter:
         self, instance_id: str, status: RemoteStatus, message: str = "", **extra: object
     ) -> None:
         self.states[instance_id] = RemoteState(status, message, **extra)  # type: ignore[arg-type]
+
+    def preempt(self, instance_id: str) -> None:
+        """The provider takes a spot machine back: what adapters report for an interruption
+        (providers.base.Capacity)."""
+        self.states[instance_id] = RemoteState(
+            RemoteStatus.FAILED, "spot instance interrupted by the provider", "preempted"
+        )
 
     @property
     def cancelled_ids(self) -> list[str]:

@@ -54,6 +54,7 @@ def test_outcomes_and_exit_codes_keep_their_wire_values() -> None:
         "USAGE": 2,
         "CANCELLED": 3,
         "TIMEOUT": 4,
+        "PREEMPTED": 5,
     }
     assert ExitCode.reported() == set(ExitCode) - {ExitCode.USAGE}
 

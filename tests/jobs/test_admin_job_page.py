@@ -480,3 +480,14 @@ def test_delete_selected_asks_first_and_refuses_a_selection_holding_a_live_job(
     assert admin_client.post(listing, only_done).status_code == 302
     assert list(TrainingJob.objects.values_list("pk", flat=True)) == [live.pk]
     assert AuditEntry.objects.filter(action="job.delete", object_id=done.public_id).count() == 1
+
+
+def test_a_spot_job_shows_its_capacity_on_demand_cost_and_forgiven_preemptions(
+    admin_client,
+) -> None:
+    job = _running(capacity="spot", cost=Decimal("1.20"), on_demand_cost=Decimal("3.60"),
+                   preemptions=2, max_preemptions=5)  # fmt: skip
+    page = _get(admin_client, PAGE.format(job.pk))
+    assert "capacity: spot · on demand: $3.60" in page
+    assert "+ 2 preemption(s) not counted (of 5)" in page
+    assert "capacity:" not in _get(admin_client, PAGE.format(_running().pk)), "on demand: quiet"

@@ -73,7 +73,7 @@ def test_list_shows_field_names_only(api, other_client) -> None:
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
-        ({"provider": "aws", "secrets": {"api_key": "x"}}, "provider", "invalid_provider"),
+        ({"provider": "gcp", "secrets": {"api_key": "x"}}, "provider", "invalid_provider"),
         ({"secrets": {"api_key": "x"}}, "provider", "invalid_provider"),
         ({"provider": "runpod"}, "secrets", "invalid_type"),
         ({"provider": "runpod", "secrets": "x"}, "secrets", "invalid_type"),

@@ -354,7 +354,7 @@ def test_project_settings(project) -> None:
     }
     with pytest.raises(InvalidRequest):
         projects.project_update(
-            project=project, data={"operator_credential_providers": ["aws"]}, actor=ALICE_ADMIN
+            project=project, data={"operator_credential_providers": ["gcp"]}, actor=ALICE_ADMIN
         )
     assert len(entries(action="project.update")) == 1
     assert Project.objects.get(pk=project.pk).operator_credential_providers == ["runpod", "vastai"]
@@ -469,7 +469,7 @@ def test_admin_project_settings_are_a_checked_choice_and_recorded(admin_client, 
     url = f"/admin/jobs/project/{project.pk}/change/"
     page = admin_client.get(url).content.decode()
     assert 'type="checkbox" name="operator_credential_providers" value="runpod"' in page
-    refused = admin_client.post(url, _project_form(project, operator_credential_providers=["aws"]))
+    refused = admin_client.post(url, _project_form(project, operator_credential_providers=["gcp"]))
     assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
     assert not entries(action="project.update")
 

@@ -47,6 +47,17 @@ def test_the_billed_rate_wins_over_the_quoted_one() -> None:
     assert costs.attempt_rate(quoted) == Decimal("0.4100")
 
 
+def test_a_spot_attempt_is_quoted_at_the_spot_price_and_knows_its_on_demand_rate() -> None:
+    offer = offer_dict(price_per_hour=1.0, spot_price_per_hour=0.3)
+    spot = JobAttemptFactory.build(
+        offer=offer, capacity="spot", on_demand_rate_per_hour=Decimal("1.0000")
+    )
+    assert costs.attempt_rate(spot) == Decimal("0.3000")
+    assert costs.on_demand_rate(spot) == Decimal("1.0000")
+    on_demand = JobAttemptFactory.build(offer=offer, capacity="on_demand")
+    assert costs.attempt_rate(on_demand) == costs.on_demand_rate(on_demand) == Decimal("1.0000")
+
+
 def test_an_attempt_without_an_offer_or_a_bill_has_no_rate() -> None:
     assert costs.attempt_rate(JobAttemptFactory.build(offer={})) is None
     assert costs.attempt_rate(JobAttemptFactory.build(offer={"offer_id": "x"})) is None
@@ -116,6 +127,23 @@ def test_an_ended_attempt_costs_its_rate_times_the_time_from_launch_to_end() -> 
     assert (job.cost, job.estimated_cost) == (Decimal("3.6000"), Decimal("4.0000"))
 
 
+def test_a_spot_attempt_also_settles_what_it_would_have_cost_on_demand() -> None:
+    end = timezone.now()
+    attempt = rented(
+        offer=offer_dict(price_per_hour=2.0, spot_price_per_hour=0.6),
+        capacity="spot",
+        on_demand_rate_per_hour=Decimal("2.0000"),
+        launched_at=end - timedelta(minutes=90),
+        ended_at=end,
+    )
+    costs.attempt_settle_cost(attempt_pk=attempt.pk)
+
+    attempt.refresh_from_db()
+    assert (attempt.cost, attempt.on_demand_cost) == (Decimal("0.9000"), Decimal("3.0000"))
+    job = TrainingJob.objects.get(pk=attempt.job_id)
+    assert (job.cost, job.on_demand_cost) == (Decimal("0.9000"), Decimal("3.0000"))
+
+
 def test_an_attempt_never_launched_costs_nothing_but_the_job_sums_are_refreshed() -> None:
     job = TrainingJobFactory(target="fake-cloud", status=S.RUNNING)
     JobAttemptFactory(job=job, cost=Decimal("1.0000"), ended_at=timezone.now())
@@ -130,14 +158,17 @@ def test_an_attempt_never_launched_costs_nothing_but_the_job_sums_are_refreshed(
 def test_job_sums_add_up_every_attempt() -> None:
     job = TrainingJobFactory(target="fake-cloud", status=S.RUNNING)
     ended = {"ended_at": timezone.now()}
-    JobAttemptFactory(job=job, estimated_cost=Decimal("4"), cost=Decimal("0.25"), **ended)
-    JobAttemptFactory(job=job, estimated_cost=Decimal("3"), cost=Decimal("1.5"), **ended)
+    JobAttemptFactory(job=job, estimated_cost=Decimal("4"), cost=Decimal("0.25"),
+                      on_demand_cost=Decimal("1"), **ended)  # fmt: skip
+    JobAttemptFactory(job=job, estimated_cost=Decimal("3"), cost=Decimal("1.5"),
+                      on_demand_cost=Decimal("1.5"), **ended)  # fmt: skip
     JobAttemptFactory(job=job, estimated_cost=Decimal("2"))  # live: no cost yet
 
     costs.job_costs_refresh(job_pk=job.pk)
 
     job.refresh_from_db()
     assert (job.estimated_cost, job.cost) == (Decimal("9.0000"), Decimal("1.7500"))
+    assert job.on_demand_cost == Decimal("2.5000")
 
 
 def test_a_job_without_priced_attempts_has_no_sums() -> None:

@@ -83,3 +83,21 @@ def test_an_attempt_without_a_checkpoint_passes_on_the_one_before(make_job) -> N
     second = next_attempt(job, first)  # never built its spec: lost before launch
     third = next_attempt(job, second)
     assert resumes_from(third) == b"step 5"
+
+
+@pytest.mark.parametrize(
+    ("target", "capacity", "notice"),
+    [("aws", "spot", "aws"), ("aws", "on_demand", None), ("vastai", "spot", None),
+     ("local", "", None)],
+)  # fmt: skip
+def test_only_a_spot_machine_that_warns_has_its_executor_watch_for_the_notice(
+    make_job, target: str, capacity: str, notice: str | None
+) -> None:
+    """AWS warns two minutes ahead in the instance metadata; Vast.ai bids just stop. A spec
+    without the field is what executors before it read."""
+    attempt = next_attempt(make_job())
+    JobAttempt.objects.filter(pk=attempt.pk).update(target=target, capacity=capacity)
+    attempt.refresh_from_db()
+    spec = specs.attempt_spec(attempt)
+    assert spec.get("preemption_notice") == notice
+    assert ("preemption_notice" in spec) == (notice is not None)

@@ -22,11 +22,13 @@ from providers.errors import (
     NoCapacity,
     PermanentProviderError,
     ProviderError,
+    QuotaExceeded,
     RateLimited,
     TransientProviderError,
 )
 from providers.http import ProviderHTTP
 from providers.lambda_cloud import LambdaCloud, key_name, parse_gpu, translate
+from providers.ratelimit import account_tag
 from tests.providers import lambda_payloads as lp
 from tests.providers.contract import Sleeps
 from tests.providers.lambda_payloads import (
@@ -351,11 +353,15 @@ def test_insufficient_capacity_is_no_capacity() -> None:
 
 
 @responses.activate
-def test_the_accounts_quota_is_no_capacity_that_says_so() -> None:
+def test_the_accounts_quota_is_its_own_permanent_error_not_no_capacity() -> None:
+    """Another offer on the same account gets the same refusal (and costs a 12.5 s launch
+    slot each): a launch must stop here, not try the next offer as it does on NoCapacity."""
     _ready_to_launch()
     responses.post(f"{BASE}/instance-operations/launch", status=400, json=lp.QUOTA)
-    error = raised(NoCapacity, lambda: adapter().launch(request()))
+    error = raised(QuotaExceeded, lambda: adapter().launch(request()))
     assert "account's quota" in error.message and error.code == "global/quota-exceeded"
+    assert isinstance(error, PermanentProviderError) and not isinstance(error, NoCapacity)
+    assert not error.retryable
 
 
 @pytest.mark.parametrize("body", [lp.INVALID_KEY, lp.error("global/account-inactive", "Inactive")])
@@ -660,7 +666,7 @@ def test_list_instances_is_our_instances_not_yet_being_terminated() -> None:
     ("code", "status", "expected"),
     [
         ("instance-operations/launch/insufficient-capacity", 400, NoCapacity),
-        ("global/quota-exceeded", 400, NoCapacity),
+        ("global/quota-exceeded", 400, QuotaExceeded),
         ("global/invalid-api-key", 401, InvalidCredentials),
         ("global/account-inactive", 403, InvalidCredentials),
         ("global/object-does-not-exist", 400, InstanceNotFound),
@@ -706,6 +712,10 @@ def test_from_settings_reads_the_lambda_settings_and_shares_the_limiter(settings
     assert built._types == ["gpu_1x_*"] and built._regions == ["us-*"]
     limiter = built._http.limiter
     assert limiter is not None and limiter.limits == lambda_cloud.RATE_LIMITS  # type: ignore[attr-defined]
+    # Lambda limits each API key: the buckets are the account's, named by a hash of its key.
+    assert limiter.account == account_tag(KEY) and KEY not in limiter.account  # type: ignore[attr-defined]
+    other = lambda_cloud.from_settings({"api_key": KEY + "-other-project"})._http.limiter
+    assert other.account != limiter.account  # type: ignore[union-attr]
 
 
 def test_the_rate_limits_stay_under_lambdas() -> None:

@@ -13,7 +13,7 @@ import redis
 from django.conf import settings
 
 from providers.errors import RateLimited
-from providers.ratelimit import RateLimiter
+from providers.ratelimit import RateLimiter, account_tag
 
 
 def _redis() -> redis.Redis:
@@ -62,6 +62,26 @@ def test_buckets_and_providers_are_counted_apart(provider: str) -> None:
         "run"
     )
     _redis().delete(f"trainhub:ratelimit:{provider}-2:run")
+
+
+def test_each_account_has_its_own_buckets(provider: str) -> None:
+    """Providers limit each API key: one project's launches do not use up another's."""
+    limits = {"launch": (1, 12.5)}
+    first = account_tag("key-of-project-a")
+    second = account_tag("key-of-project-b")
+    assert first != second and len(first) == 16 and "project" not in first
+
+    def limiter(account: str) -> RateLimiter:
+        return RateLimiter(
+            _redis(), provider=provider, limits=limits, account=account, max_wait_seconds=0
+        )
+
+    limiter(first).acquire("launch")
+    limiter(second).acquire("launch")  # another account: its own slot, no wait
+    with pytest.raises(RateLimited):
+        limiter(first).acquire("launch")  # the same account: waits out its 12.5 s
+    assert _redis().exists(f"trainhub:ratelimit:{provider}:{first}:launch")
+    assert account_tag("") == ""
 
 
 def test_the_window_holds_across_independent_clients(provider: str) -> None:

@@ -5,6 +5,7 @@ documented ones: the v2 Pod object (``ssh {proxy, direct}``, ``runtime`` null un
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import responses
 from responses import matchers
 
-from providers.base import Handle, LaunchRequest, Offer, RemoteStatus, SshAddress
+from providers.base import Capacity, Handle, LaunchRequest, Offer, RemoteStatus, SshAddress
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -667,3 +668,33 @@ def test_a_retry_after_past_the_policy_goes_back_to_the_caller(sleeps: Sleeps) -
     error = raised(RateLimited, lambda: adapter(sleep=sleeps).poll([Handle("p1", NAME)]))
     assert isinstance(error, RateLimited) and error.retry_after == wait
     assert sleeps == [] and len(responses.calls) == 1
+
+
+# --- spot (interruptible) pods ------------------------------------------------------------------
+
+
+@responses.activate
+def test_a_spot_launch_is_refused_before_anything_is_rented() -> None:
+    """REST v2's CreatePodRequest has no interruptible field (and rejects unknown fields), so
+    a pod cannot be rented as spot: refused as permanent, with no call made."""
+    offer = Offer("runpod-pod", H100, H100, 1, 80.0, 2.69)
+    spot = dataclasses.replace(request(offer=offer), capacity=Capacity.SPOT)
+    with pytest.raises(PermanentProviderError, match="interruptible") as info:
+        adapter().launch(spot)
+    assert not isinstance(info.value, NoCapacity), "no other GPU type would help"
+    assert len(responses.calls) == 0
+
+
+@responses.activate
+def test_offers_carry_no_spot_price_since_the_catalogue_has_none() -> None:
+    listing(*EVERY_TYPE)
+    assert all(o.spot_price_per_hour is None for o in adapter().offers({"count": 1}))
+
+
+def test_from_settings_keeps_one_set_of_rate_buckets_per_key(settings: Any) -> None:
+    from providers import runpod_pod
+    from providers.ratelimit import account_tag
+
+    built = runpod_pod.from_settings({"api_key": KEY})
+    limiter = built._http.limiter
+    assert limiter.account == account_tag(KEY)  # type: ignore[union-attr]

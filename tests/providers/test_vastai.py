@@ -1,6 +1,6 @@
 """The Vast.ai adapter against ``responses`` answers shaped like Vast's documented ones
 (``tests.providers.vast_payloads``): offers from ``POST /bundles/``, rentals with
-``PUT /asks/{id}/``, the v0 ``{"instances": [...]}`` listing, ``{"success": false, "error",
+``PUT /asks/{id}/`` (on demand, and bids), the paged v1 ``GET /api/v1/instances/`` listing, ``{"success": false, "error",
 "msg"}`` errors, and 429s without ``Retry-After``."""
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ import responses
 from responses import matchers
 
 from providers import vastai
-from providers.base import Handle, LaunchRequest, Offer, RemoteStatus, SshAddress, gpu_name_matches
+from providers.base import (
+    Capacity,
+    Handle,
+    LaunchRequest,
+    Offer,
+    RemoteStatus,
+    SshAddress,
+    gpu_name_matches,
+)
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -36,7 +44,12 @@ BASE = vp.BASE
 KEY = "vast_KEY_3a9f1c7e5b2d"
 NAME = "trainhub-ftjob-x-a2"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJx1trainhubattempt2 trainhub-ftjob-x-a2"
-INSTANCES = f"{BASE}/instances/"
+INSTANCES = vp.LIST_URL
+LIST_QUERY = {
+    "select_filters": "{}",
+    "order_by": '[{"col": "id", "dir": "asc"}]',
+    "limit": "25",
+}
 ASK = f"{BASE}/asks/{vp.OFFER_ID}/"
 NEW = 26070200
 
@@ -83,8 +96,13 @@ def sent(method: str, url: str | None = None) -> list[Any]:
     return [
         c
         for c in responses.calls
-        if c.request.method == method and (url is None or c.request.url == url)
+        if c.request.method == method and (url is None or c.request.url.split("?")[0] == url)
     ]
+
+
+def called() -> list[tuple[str, str]]:
+    """(method, URL without the query) of every call so far."""
+    return [(c.request.method, c.request.url.split("?")[0]) for c in responses.calls]
 
 
 def body_of(call: Any) -> Any:
@@ -108,7 +126,7 @@ def test_the_search_body_is_exactly_the_documented_filter() -> None:
         "reliability2": {"gte": 0.98},
         "cuda_max_good": {"gte": 12.8},
         "inet_down": {"gte": 200},
-        "num_gpus": {"eq": 2},
+        "num_gpus": {"gte": 2},  # machines with more GPUs than asked fit too
         "gpu_ram": {"gte": 38146},  # MiB per GPU: 40 GB, rounded down
         "disk_space": {"gte": 80},
         "order": [["dph_total", "asc"]],
@@ -132,7 +150,7 @@ def test_the_search_body_follows_the_adapter_options_and_defaults() -> None:
     tuned.offers({})
     body = body_of(responses.calls[0])
     assert "verified" not in body and "gpu_ram" not in body
-    assert body["num_gpus"] == {"eq": 1}, "one GPU unless the job asks for more"
+    assert body["num_gpus"] == {"gte": 1}, "one GPU or more unless the job asks for more"
     assert body["disk_space"] == {"gte": 200}
     assert body["reliability2"] == {"gte": 0.95}
     assert body["cuda_max_good"] == {"gte": 12.4}
@@ -160,7 +178,7 @@ def test_offers_are_parsed_into_trainhub_offers() -> None:
         gpu_count=2,
         vram_gb=81559 * vastai.MIB_IN_GB,  # MiB as decimal GB
         price_per_hour=4.1234,
-        spot_price_per_hour=2.5,
+        spot_price_per_hour=2.625,  # the bid: min_bid plus 5 %
         available=True,
         region="Texas, US",
         machine_id="777",
@@ -258,6 +276,51 @@ def test_gpu_name_matches() -> None:
     assert not gpu_name_matches("H100", "H100 SXM"), "a glob, not a substring"
 
 
+@pytest.mark.parametrize(
+    ("name", "sent_names"),
+    [
+        ("RTX 4090", ["RTX 4090"]),
+        ("RTX_4090", ["RTX 4090"]),  # the CLI spelling: Vast's names have spaces
+        ("Tesla V100", ["Tesla V100", "TESLA V100"]),
+        ("h100 sxm", ["h100 sxm", "H100 SXM"]),
+    ],
+)
+@responses.activate
+def test_a_gpu_name_without_wildcards_is_searched_by_vast(name: str, sent_names: list[str]) -> None:
+    """Vast searches that card (``gpu_name in [...]``) instead of trainhub picking it out of
+    the 64 cheapest asks of every card."""
+    responses.post(f"{BASE}/bundles/", json={"offers": [vp.offer(1, gpu_name="RTX 4090")]})
+    adapter().offers({"count": 1, "name": name})
+    assert body_of(responses.calls[0])["gpu_name"] == {"in": sent_names}
+
+
+@pytest.mark.parametrize("pattern", ["*H100*", "RTX 40?0", "A100 [SP]XM4", ""])
+@responses.activate
+def test_a_glob_or_no_name_is_not_sent_to_vast(pattern: str) -> None:
+    responses.post(f"{BASE}/bundles/", json={"offers": []})
+    adapter().offers({"count": 1, "name": pattern})
+    assert "gpu_name" not in body_of(responses.calls[0])
+
+
+@pytest.mark.parametrize(
+    ("min_bid", "dph_total", "spot"),
+    [
+        (0.2113, 0.3547, 0.222),  # 0.2113 x 1.05 = 0.22187, rounded up to a tenth of a cent
+        ("0.30", 0.5, 0.315),  # Vast may send figures as strings
+        (0.2, 0.5, 0.21),  # not 0.211: 0.2 x 1.05 is not exact in floating point
+        (0.34, 0.3547, None),  # the bid would not be cheaper than on demand
+        (0, 0.3547, None),
+        (None, 0.3547, None),
+    ],
+)
+def test_the_spot_price_is_the_bid_trainhub_would_place(
+    min_bid: object, dph_total: float, spot: float | None
+) -> None:
+    offer = vastai.offers.offer_from_ask(vp.offer(1, min_bid=min_bid, dph_total=dph_total))
+    assert offer.spot_price_per_hour == spot
+    assert offer.price_per_hour == dph_total
+
+
 @responses.activate
 def test_a_5xx_on_search_is_retried_because_a_search_rents_nothing(sleeps: Sleeps) -> None:
     responses.post(f"{BASE}/bundles/", status=502, body=HTML_502, content_type="text/html")
@@ -279,13 +342,28 @@ def test_an_instance_labelled_with_the_attempt_is_reused_without_a_put(status: s
 
 
 @responses.activate
+def test_the_launch_looks_for_a_lost_create_by_label_on_the_v1_list() -> None:
+    responses.get(
+        INSTANCES,
+        json=vp.listing(instance(NEW, "loading")),
+        match=[
+            matchers.query_param_matcher(
+                {**LIST_QUERY, "select_filters": json.dumps({"label": {"in": [NAME]}})}
+            )
+        ],
+    )
+    assert adapter().launch(request()) == Handle(instance_id=str(NEW), name=NAME)
+    assert called() == [("GET", INSTANCES)]
+
+
+@responses.activate
 def test_the_create_body_is_exactly_what_vast_expects_and_the_key_is_attached() -> None:
     listed(instance(111, "running", label="trainhub-other-job-a1"))
     responses.put(ASK, json=vp.created(NEW))
     responses.post(f"{BASE}/instances/{NEW}/ssh/", json={"success": True, "msg": "ok"})
     assert adapter().launch(request()) == Handle(instance_id=str(NEW), name=NAME)
 
-    assert [(c.request.method, c.request.url) for c in responses.calls] == [
+    assert called() == [
         ("GET", INSTANCES),
         ("PUT", ASK),
         ("POST", f"{BASE}/instances/{NEW}/ssh/"),
@@ -305,6 +383,30 @@ def test_the_create_body_is_exactly_what_vast_expects_and_the_key_is_attached() 
     (attach,) = sent("POST")
     assert body_of(attach) == {"ssh_key": PUBKEY}
     assert all(c.request.headers["Authorization"] == f"Bearer {KEY}" for c in responses.calls)
+
+
+@responses.activate
+def test_a_spot_launch_bids_the_offers_spot_price_for_an_interruptible_instance() -> None:
+    listed()
+    responses.put(ASK, json=vp.created(NEW))
+    responses.post(f"{BASE}/instances/{NEW}/ssh/", json={"success": True})
+    offer = vastai.offers.offer_from_ask(vp.offer())
+    spot = dataclasses.replace(request(offer), capacity=Capacity.SPOT)
+    assert adapter().launch(spot) == Handle(instance_id=str(NEW), name=NAME)
+    (put,) = sent("PUT")
+    body = body_of(put)
+    assert body["price"] == 0.222 == offer.spot_price_per_hour  # USD/h for the machine
+    assert {k: v for k, v in body.items() if k != "price"} == adapter().create_body(request())
+
+
+@responses.activate
+def test_a_spot_launch_on_an_offer_without_a_bid_price_rents_nothing() -> None:
+    listed()
+    offer = dataclasses.replace(vp.trainhub_offer(), spot_price_per_hour=None)
+    spot = dataclasses.replace(request(offer), capacity=Capacity.SPOT)
+    error = raised(PermanentProviderError, lambda: adapter().launch(spot))
+    assert "spot_price_per_hour" in error.message
+    assert not sent("PUT")
 
 
 def test_the_onstart_installs_the_key_once_with_safe_permissions(tmp_path: Path) -> None:
@@ -395,7 +497,7 @@ def test_a_refused_create_that_left_an_instance_destroys_it_then_raises() -> Non
     error = raised(PermanentProviderError, lambda: adapter().launch(request()))
     assert type(error) is PermanentProviderError and error.status == 400
     assert "bid price too low" in error.message
-    assert [(c.request.method, c.request.url) for c in responses.calls] == [
+    assert called() == [
         ("GET", INSTANCES),
         ("PUT", ASK),
         ("DELETE", f"{BASE}/instances/{NEW}/"),
@@ -582,6 +684,36 @@ def test_stopped_everywhere_is_outbid_or_interrupted() -> None:
     assert "outbid or interrupted" in state.message
 
 
+@pytest.mark.parametrize(
+    ("actual", "states"),
+    [
+        ("exited", {"intended_status": "stopped", "cur_state": "stopped", "next_state": "stopped"}),
+        (
+            "stopped",
+            {"intended_status": "stopped", "cur_state": "stopped", "next_state": "stopped"},
+        ),
+        ("stopped", {}),  # the container shows it first
+    ],
+)
+@responses.activate
+def test_an_outbid_interruptible_instance_is_failed_preempted(
+    actual: str, states: dict[str, str]
+) -> None:
+    listed(instance(NEW, actual, is_bid=True, dph_total=0.222, status_msg="", **states))
+    state = adapter().poll([Handle(str(NEW), NAME)])[str(NEW)]
+    assert state.status is RemoteStatus.FAILED
+    assert state.error_code == "preempted"
+    assert "preempted" in state.message and "interruptible" in state.message
+    assert state.price_per_hour == 0.222
+
+
+@responses.activate
+def test_a_running_interruptible_instance_is_running() -> None:
+    listed(instance(NEW, "running", is_bid=True))
+    state = adapter().poll([Handle(str(NEW), NAME)])[str(NEW)]
+    assert state.status is RemoteStatus.RUNNING and state.error_code == ""
+
+
 @responses.activate
 def test_a_stop_only_the_container_shows_is_lost_without_the_outbid_message() -> None:
     listed(instance(NEW, "stopped", status_msg="Container stopped"))
@@ -661,15 +793,85 @@ def test_polling_nothing_calls_nothing() -> None:
 
 
 @responses.activate
-def test_an_account_vast_no_longer_lists_on_v0_gets_an_actionable_error() -> None:
+def test_instances_are_listed_from_v1_never_v0_whose_list_answers_410_to_new_accounts() -> None:
+    # What Vast answers a post-2026-06-02 account on v0: never asked any more.
     responses.get(
-        INSTANCES,
+        f"{BASE}/instances/",
         status=410,
         json=vp.error("deprecated_endpoint", "/api/v0/instances/ is deprecated."),
     )
+    responses.get(
+        INSTANCES,
+        json=vp.listing(instance(NEW, "running")),
+        match=[matchers.query_param_matcher(LIST_QUERY)],
+    )
+    states = adapter().poll([Handle(str(NEW), NAME)])
+    assert states[str(NEW)].status is RemoteStatus.RUNNING
+    assert called() == [("GET", INSTANCES)]
+    assert responses.calls[0].request.headers["Authorization"] == f"Bearer {KEY}"
+
+
+@responses.activate
+def test_the_v1_list_is_paged_with_next_token_as_after_token_until_none_comes() -> None:
+    rows = [instance(100 + n, "running", label=f"trainhub-ftjob-{n}-a1") for n in range(27)]
+    responses.get(
+        INSTANCES,
+        json=vp.listing(*rows[:25], next_token="eyJpZCI6IDEyNH0=", total=27),
+        match=[matchers.query_param_matcher(LIST_QUERY)],
+    )
+    responses.get(
+        INSTANCES,
+        json=vp.listing(*rows[25:], total=27),
+        match=[matchers.query_param_matcher({**LIST_QUERY, "after_token": "eyJpZCI6IDEyNH0="})],
+    )
+    handles = adapter().list_instances()
+    assert [h.instance_id for h in handles] == [str(100 + n) for n in range(27)]
+    assert len(responses.calls) == 2
+    states = adapter().poll([Handle("126", "trainhub-ftjob-26-a1")])
+    assert states["126"].status is RemoteStatus.RUNNING, "a row of the second page is not LOST"
+
+
+@responses.activate
+def test_a_page_that_fails_fails_the_whole_list_so_nothing_looks_lost(sleeps: Sleeps) -> None:
+    responses.get(
+        INSTANCES,
+        json=vp.listing(instance(1, "running"), next_token="t2"),
+        match=[matchers.query_param_matcher(LIST_QUERY)],
+    )
+    responses.get(
+        INSTANCES,
+        status=502,
+        body=HTML_502,
+        match=[matchers.query_param_matcher({**LIST_QUERY, "after_token": "t2"})],
+    )
+    raised(TransientProviderError, lambda: adapter(sleeps).poll([Handle("1", NAME)]))
+
+
+@responses.activate
+def test_a_list_without_rows_is_transient_never_an_empty_account() -> None:
+    responses.get(INSTANCES, json={"success": False, "msg": "try again"})
+    raised(TransientProviderError, lambda: adapter().poll([Handle(str(NEW), NAME)]))
+
+
+@responses.activate
+def test_a_repeated_next_token_ends_the_paging() -> None:
+    responses.get(INSTANCES, json=vp.listing(instance(1, "running"), next_token="same"))
+    assert adapter().list_instances() == [Handle("1", NAME)]
+    assert len(responses.calls) == 2  # the token came back again: not a third page
+
+
+@responses.activate
+def test_a_list_vast_refuses_as_gone_gets_an_actionable_error() -> None:
+    responses.get(INSTANCES, status=404, json=vp.error("not_found", "no such route"))
     error = raised(PermanentProviderError, lambda: adapter().poll([Handle(str(NEW), NAME)]))
     assert type(error) is PermanentProviderError, "not InstanceNotFound: nothing is gone"
-    assert "/api/v1/instances/" in error.message
+    assert "VAST_API_URL" in error.message
+
+
+def test_the_v1_root_sits_beside_the_configured_v0_one() -> None:
+    assert vastai.api.v1_url("https://console.vast.ai/api/v0/") == vp.V1
+    with pytest.raises(ValueError, match="VAST_API_URL"):
+        vastai.api.v1_url("https://proxy.example.test/vast")
 
 
 # --- cancel -------------------------------------------------------------------------------------
@@ -730,7 +932,7 @@ def test_list_instances_is_ours_by_label_prefix() -> None:
             instance(5, "running", label=None),
             instance(6, "running", label="not-trainhub-ftjob-e-a1"),
         ),
-        match=[matchers.query_param_matcher({})],
+        match=[matchers.query_param_matcher(LIST_QUERY)],
     )
     assert adapter().list_instances() == [
         Handle("1", "trainhub-ftjob-a-a1"),

@@ -1,6 +1,7 @@
 """Answers shaped like Vast.ai's documented ones (REST v0: ``POST /bundles/`` offers,
-``PUT /asks/{id}/``, ``GET /instances/``, ``{"success": false, "error", "msg"}`` errors), shared
-by the adapter tests and the contract test (``VAST_CASE``)."""
+``PUT /asks/{id}/``, ``{"success": false, "error", "msg"}`` errors; v1: the paged
+``GET /api/v1/instances/``), shared by the adapter tests and the contract test
+(``VAST_CASE``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from tests.providers import contract
 from tests.providers.contract import KEY, Case, Exchange, Sleep
 
 BASE = "https://console.vast.ai/api/v0"
+V1 = "https://console.vast.ai/api/v1"
+LIST_URL = f"{V1}/instances/"  # the instance list (v0's answers 410 to newer accounts)
 IMAGE = "pytorch/pytorch:2.8.0-cuda12.8-cudnn9-devel"
 OFFER_ID = 21614864
 MACHINE_ID = 13429
@@ -210,9 +213,22 @@ def instance(
     }
 
 
-def listing(*instances: dict[str, Any]) -> dict[str, Any]:
-    """The v0 ``GET /instances/`` answer."""
-    return {"instances_found": len(instances), "instances": list(instances)}
+def listing(
+    *instances: dict[str, Any], next_token: str | None = None, total: int | None = None
+) -> dict[str, Any]:
+    """One page of ``GET /api/v1/instances/`` (at most 25 rows; ``next_token`` while more
+    remain), the rows as full instance objects (no ``select_cols``)."""
+    labels: dict[str, int] = {}
+    for row in instances:
+        labels[str(row.get("label") or "")] = labels.get(str(row.get("label") or ""), 0) + 1
+    return {
+        "success": True,
+        "instances_found": len(instances),
+        "total_instances": len(instances) if total is None else total,
+        "label_counts": labels,
+        "next_token": next_token,
+        "instances": list(instances),
+    }
 
 
 def created(instance_id: int = INSTANCE_ID) -> dict[str, Any]:
@@ -239,7 +255,7 @@ def trainhub_offer(ask: dict[str, Any] | None = None) -> Offer:
         gpu_count=ask["num_gpus"],
         vram_gb=ask["gpu_ram"] * vastai.MIB_IN_GB,
         price_per_hour=ask["dph_total"],
-        spot_price_per_hour=ask["min_bid"],
+        spot_price_per_hour=vastai.api.bid(ask["min_bid"], ask["dph_total"]),
         region=ask["geolocation"],
         machine_id=str(ask["machine_id"]),
     )
@@ -259,7 +275,7 @@ def _build(base_url: str, sleep: Sleep) -> ProviderAdapter:
 def _poll(ids: Sequence[str], raw: str) -> list[Exchange]:
     # The status map's "" is Vast's null (provisioning).
     listed = [instance(i, raw or None) for i in ids]
-    return [Exchange("GET", f"{BASE}/instances/", json=listing(*listed))]
+    return [Exchange("GET", LIST_URL, json=listing(*listed))]
 
 
 VAST_CASE = Case(
@@ -269,7 +285,7 @@ VAST_CASE = Case(
     instance_id=str(INSTANCE_ID),
     launch=Exchange("PUT", f"{BASE}/asks/{OFFER_ID}/", json=created()),
     # A launch first looks for an instance labelled with the attempt (a lost create answer).
-    before_launch=(Exchange("GET", f"{BASE}/instances/", json=listing()),),
+    before_launch=(Exchange("GET", LIST_URL, json=listing()),),
     cancel=lambda i: Exchange("DELETE", f"{BASE}/instances/{i}/", json={"success": True}),
     poll=_poll,
     status_map=vastai.STATUS_MAP,

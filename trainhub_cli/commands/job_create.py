@@ -116,6 +116,14 @@ def _file_ref(state: State, value: str, option: str) -> str:
     help="Own-fleet node labels (repeatable).",
 )
 @click.option("--max-price-per-hour", type=float, metavar="USD")
+@click.option(
+    "--capacity",
+    type=click.Choice(["on_demand", "spot", "any"]),
+    help="Cloud capacity: on demand (default), spot (interruptible, cheaper), or the cheaper.",
+)
+@click.option(
+    "--max-preemptions", type=int, help="Spot interruptions not counted as failed attempts."
+)
 @click.option("--max-runtime", "max_runtime_seconds", type=int, metavar="SECONDS")
 @click.option("--max-attempts", type=int)
 @click.option("--priority", type=int)
@@ -163,6 +171,8 @@ def create(**opts: Any) -> None:
     for name in (
         "target",
         "max_price_per_hour",
+        "capacity",
+        "max_preemptions",
         "max_runtime_seconds",
         "max_attempts",
         "priority",
