@@ -135,10 +135,8 @@ def eta(job: TrainingJob) -> datetime | None:
 
 
 def attempts_used(job: TrainingJob, attempts: Sequence[JobAttempt]) -> int:
-    """Attempts counted against ``max_attempts`` (numbered above ``attempt_budget_start``, as
-    ``services.attempts.attempt_end`` counts them)."""
-    newest = attempts[0].number if attempts else 0
-    return max(0, newest - job.attempt_budget_start)
+    """Attempts counted against ``max_attempts`` (attempts newest first)."""
+    return job.attempts_counted(attempts[0].number if attempts else 0)
 
 
 def waiting_reason(job: TrainingJob) -> str:

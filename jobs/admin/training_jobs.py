@@ -65,24 +65,20 @@ def _actions() -> dict[str, JobAction]:
     }
 
 
-@admin.action(description="Cancel selected jobs")
-def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    run_job_action(modeladmin, request, queryset, job_services.job_cancel, "Cancelled")
+def _bulk(name: str) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet], None]:
+    """The list page's "<Name> selected jobs": the same service and verb as the page's button."""
+
+    def run(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+        action = _actions()[name]
+        run_job_action(modeladmin, request, queryset, action.service, action.verb)
+
+    run.__name__ = f"{name}_jobs"  # the action's name in the list page's form
+    return admin.action(description=f"{name.title()} selected jobs")(run)
 
 
-@admin.action(description="Pause selected jobs")
-def pause_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    run_job_action(modeladmin, request, queryset, job_services.job_pause, "Paused")
-
-
-@admin.action(description="Resume selected jobs")
-def resume_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    run_job_action(modeladmin, request, queryset, job_services.job_resume, "Resumed")
-
-
-@admin.action(description="Retry selected jobs")
-def retry_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    run_job_action(modeladmin, request, queryset, job_services.job_retry, "Requeued")
+cancel_jobs, pause_jobs, resume_jobs, retry_jobs = map(
+    _bulk, ("cancel", "pause", "resume", "retry")
+)
 
 
 class LiveMachineFilter(admin.SimpleListFilter):

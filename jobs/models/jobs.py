@@ -108,6 +108,12 @@ class TrainingJob(models.Model):
 
         return self.status in TERMINAL
 
+    def attempts_counted(self, newest_attempt: int) -> int:
+        """Attempts up to ``newest_attempt`` that count against ``max_attempts``: those
+        numbered above ``attempt_budget_start`` (which a retry, a pause and a forgiven
+        preemption move up)."""
+        return max(0, newest_attempt - self.attempt_budget_start)
+
     @property
     def fine_tuned_model_name(self) -> str:
         """OpenAI's ``ft:<base>:<org>:<suffix>:<id>`` name of the job's adapter."""

@@ -129,7 +129,7 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
             job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
         elif job.status in (S.PROVISIONING, S.RUNNING, S.FINALIZING):
             forgiven = job.status != S.FINALIZING and _forgive_preemption(job, reason)
-            used = attempt.number - job.attempt_budget_start
+            used = job.attempts_counted(attempt.number)
             if reason.retryable and used < job.max_attempts and job.status != S.FINALIZING:
                 free = (
                     f"preemption {job.preemptions} of {job.max_preemptions} not counted; "
