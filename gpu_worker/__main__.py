@@ -19,7 +19,8 @@ checkpoint of the last finished step, so the job's next attempt resumes there.
 
 Preemption: on a spot machine (the spec's ``preemption_notice``, or
 ``TRAINHUB_PREEMPTION_NOTICE=aws`` set by the launcher) a watcher checks the provider's
-metadata service (``TRAINHUB_IMDS_URL`` overrides its address) for the interruption notice;
+metadata service (``TRAINHUB_IMDS_URL`` overrides its address, ``TRAINHUB_PREEMPTION_POLL_SECONDS``
+its 5 s between checks) for the interruption notice;
 on one, the run checkpoints the last finished step like a pause and exits 5
 (gpu_worker.preemption). A cancel file holding "preempt" asks for the same.
 """

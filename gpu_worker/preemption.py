@@ -12,7 +12,8 @@ its lease expires as for any lost machine.
 Turned on by the spec's ``preemption_notice`` (``"aws"``; null or absent: off), or, for a
 launcher that does not build the spec, by ``TRAINHUB_PREEMPTION_NOTICE=aws`` in the
 executor's environment. ``TRAINHUB_IMDS_URL`` replaces the metadata service's address (tests,
-or the IPv6 endpoint ``http://[fd00:ec2::254]``).
+or the IPv6 endpoint ``http://[fd00:ec2::254]``); ``TRAINHUB_PREEMPTION_POLL_SECONDS`` the
+seconds between two checks (default 5, as AWS suggests).
 
 AWS, EC2 instance metadata service version 2 (IMDSv2), as documented for spot instances:
 
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 AWS = "aws"
 ENV_NOTICE = "TRAINHUB_PREEMPTION_NOTICE"
 ENV_IMDS_URL = "TRAINHUB_IMDS_URL"
+ENV_POLL_SECONDS = "TRAINHUB_PREEMPTION_POLL_SECONDS"
 
 # Names of the protocol, not secrets (S105).
 IMDS_URL = "http://169.254.169.254"
@@ -370,16 +372,36 @@ def notice_source(spec: JobSpec) -> str | None:
     return None
 
 
+def _poll_seconds_from_env() -> float:
+    text = os.environ.get(ENV_POLL_SECONDS, "").strip()
+    try:
+        seconds = float(text) if text else POLL_SECONDS
+    except ValueError:
+        seconds = 0.0
+    if not 0.05 <= seconds <= 60:
+        log.warning(
+            "%s=%r is not 0.05..60 seconds; checking every %g s",
+            ENV_POLL_SECONDS,
+            text,
+            POLL_SECONDS,
+        )
+        return POLL_SECONDS
+    return seconds
+
+
 def watcher_for(
     spec: JobSpec,
     reporter: Reporter,
     *,
     base_url: str | None = None,
-    interval: float = POLL_SECONDS,
+    interval: float | None = None,
 ) -> PreemptionWatcher | None:
-    """The watcher this attempt needs (not started), or None when it watches nothing."""
+    """The watcher this attempt needs (not started), or None when it watches nothing.
+    ``interval``: seconds between checks (default: ``TRAINHUB_PREEMPTION_POLL_SECONDS``, else 5)."""
     if notice_source(spec) is None:
         return None
+    if interval is None:
+        interval = _poll_seconds_from_env()
     url = base_url or os.environ.get(ENV_IMDS_URL, "").strip() or IMDS_URL
     try:
         client = ImdsClient(url)

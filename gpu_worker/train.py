@@ -106,7 +106,7 @@ def run(
     checkpoint_every_steps: int = DEFAULT_CHECKPOINT_EVERY_STEPS,
     checkpoint_every_seconds: float | None = DEFAULT_CHECKPOINT_EVERY_SECONDS,
     imds_url: str | None = None,
-    preemption_poll_seconds: float = preemption.POLL_SECONDS,
+    preemption_poll_seconds: float | None = None,
 ) -> RunResult:
     """Run one attempt of ``spec``; report progress and the outcome through ``reporter``.
 
@@ -120,7 +120,8 @@ def run(
 
     When the spec (or ``$TRAINHUB_PREEMPTION_NOTICE``) names a provider, a preemption watcher
     checks its metadata service (``imds_url``, else ``$TRAINHUB_IMDS_URL``, else the link-local
-    address) every ``preemption_poll_seconds`` and stops the run as a preemption on a notice.
+    address) every ``preemption_poll_seconds`` (else ``$TRAINHUB_PREEMPTION_POLL_SECONDS``,
+    else 5) and stops the run as a preemption on a notice.
     """
     watcher = preemption.watcher_for(
         spec, reporter, base_url=imds_url, interval=preemption_poll_seconds

@@ -1,14 +1,18 @@
-"""An ``aws`` job end to end: the real control worker places the job on an EC2 offer and
+"""``aws`` jobs end to end: the real control worker places the job on an EC2 offer and
 launches the instance on moto's EC2 (real HTTP, the session's moto server); the instance's
 "machine" is the loopback OpenSSH server. The worker starts the real executor over SSH on the
 tiny model, tails its events, ingests and verifies the bundle the executor uploaded, and
-terminates the instance.
+terminates the instance. A spot job is interrupted mid-training, with EC2's two-minute notice
+and without, and finishes from its checkpoint on a second instance.
 
-Between the worker and moto sits a small pass-through that only rewrites the public IP EC2
-reports (moto makes one up) to 127.0.0.1; the SSH port and login are settings
-(TRAINHUB_AWS_SSH_PORT, TRAINHUB_AWS_SSH_USER) pointed at the loopback sshd. The test process
-plays beat (it sends the poll task) and the AMI's boot (it installs the key pair's public key
-in the sshd's authorized_keys, as cloud-init does with the instance's key pair)."""
+Between the worker and moto sits a small pass-through that rewrites the public IP EC2 reports
+(moto makes one up) to 127.0.0.1, and reports the instances EC2 took back from the spot market
+with their reason (``Server.SpotInstanceTermination``: moto knows only user terminations); the
+SSH port and login are settings (TRAINHUB_AWS_SSH_PORT, TRAINHUB_AWS_SSH_USER) pointed at the
+loopback sshd. The test process plays beat (it sends the poll task), the AMI's boot (it
+installs the key pair's public key in the sshd's authorized_keys, as cloud-init does with the
+instance's key pair) and each instance's metadata service (a fake IMDSv2 on loopback; the
+"AMI"'s Python, a wrapper, points the executor at the machine's own path there)."""
 
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ import contextlib
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +42,7 @@ from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.projects import credential_create
 from tests.e2e.conftest import Process, submit_tiny_job, wait_for
 from tests.e2e.test_fleet import TRAIN_TIMEOUT
+from tests.fakes.imds import FakeImds, serve_imds
 from tests.jobs._api import download
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -43,14 +50,36 @@ TARGET = "aws"
 REGION = "ap-southeast-2"  # this module's alone: moto's state lives as long as the session
 SECRETS = {"access_key_id": "AKIDTRAINHUBTEST", "secret_access_key": "trainhub-test-secret"}
 _IP = re.compile(rb"<ipAddress>[^<]*</ipAddress>")
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15"
+SPOT_TERMINATION = "Server.SpotInstanceTermination"
+CHECKPOINT_EVERY_STEPS = 5  # the "AMI"'s executor cadence (TRAINHUB's default is 200)
 
 
 class LoopbackFront(ThreadingHTTPServer):
-    """EC2's Query API passed through to moto, with every instance's public IP made loopback."""
+    """EC2's Query API passed through to moto, with every instance's public IP made loopback
+    and the instances in ``reclaimed`` reported as EC2 reports a spot interruption."""
 
     def __init__(self, upstream: str) -> None:
         super().__init__(("127.0.0.1", 0), _Forward)
         self.upstream = upstream
+        self.reclaimed: set[str] = set()
+
+    def rewrite(self, data: bytes) -> bytes:
+        data = _IP.sub(b"<ipAddress>127.0.0.1</ipAddress>", data)
+        if not self.reclaimed or b"<instancesSet>" not in data:
+            return data
+        ET.register_namespace("", EC2_NS)
+        root = ET.fromstring(data)  # noqa: S314 - moto's answer, on loopback
+        for item in root.iter(f"{{{EC2_NS}}}item"):
+            if item.findtext(f"{{{EC2_NS}}}instanceId") not in self.reclaimed:
+                continue
+            reason = item.find(f"{{{EC2_NS}}}stateReason")
+            if reason is not None:
+                reason.find(f"{{{EC2_NS}}}code").text = SPOT_TERMINATION  # type: ignore[union-attr]
+                reason.find(f"{{{EC2_NS}}}message").text = (  # type: ignore[union-attr]
+                    f"{SPOT_TERMINATION}: Spot instance termination"
+                )
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
     @property
     def url(self) -> str:
@@ -72,7 +101,7 @@ class _Forward(BaseHTTPRequestHandler):
                 status, data = answer.status, answer.read()
         except urllib.error.HTTPError as refusal:
             status, data = refusal.code, refusal.read()
-        data = _IP.sub(b"<ipAddress>127.0.0.1</ipAddress>", data)
+        data = self.server.rewrite(data)
         self.send_response(status)
         self.send_header("Content-Type", "text/xml")
         self.send_header("Content-Length", str(len(data)))
@@ -94,7 +123,29 @@ def ec2_front(s3_endpoint: str) -> Iterator[LoopbackFront]:
 
 
 @pytest.fixture(scope="module")
-def control_worker_env(ec2_front, sshd, live_server, shared_dir) -> dict[str, str]:
+def imds() -> Iterator[FakeImds]:
+    with serve_imds() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def ami_python(shared_dir: Path, imds: FakeImds) -> str:
+    """The rented machines' Python: the executor it runs asks the machine's own metadata
+    service (its attempt directory's name is the machine's path on the fake IMDS) every 0.2 s,
+    and checkpoints every CHECKPOINT_EVERY_STEPS steps."""
+    wrapper = shared_dir / "ami-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'export TRAINHUB_IMDS_URL="{imds.url}/$(basename "$PWD")"\n'
+        "export TRAINHUB_PREEMPTION_POLL_SECONDS=0.2\n"
+        f'exec {sys.executable} "$@" --checkpoint-every-steps {CHECKPOINT_EVERY_STEPS}\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return str(wrapper)
+
+
+@pytest.fixture(scope="module")
+def control_worker_env(ec2_front, sshd, live_server, shared_dir, ami_python) -> dict[str, str]:
     return {
         "TRAINHUB_AWS_ENDPOINT_URL": ec2_front.url,
         "TRAINHUB_AWS_REGIONS": REGION,
@@ -104,7 +155,7 @@ def control_worker_env(ec2_front, sshd, live_server, shared_dir) -> dict[str, st
         "TRAINHUB_AWS_SSH_USER": sshd.username,
         "TRAINHUB_AWS_SSH_PORT": str(sshd.port),
         "TRAINHUB_PUBLIC_URL": live_server.url,  # the rented machine fetches and uploads here
-        "TRAINHUB_REMOTE_PYTHON": sys.executable,
+        "TRAINHUB_REMOTE_PYTHON": ami_python,
         "TRAINHUB_REMOTE_DIR": str(shared_dir / "remote-aws"),
     }
 
@@ -209,3 +260,126 @@ def test_an_aws_job_trains_over_ssh_and_the_instance_is_terminated(
 
     assert len(_instances(s3_endpoint, job_id)) == 1
     wait_for("the instance to be terminated", terminated, 30, aws_plane)
+
+
+def _events(job: TrainingJob, attempt: int, type: str) -> list[JobEvent]:
+    return list(JobEvent.objects.filter(job=job, attempt=attempt, type=type).order_by("number"))
+
+
+def _steps(job: TrainingJob, attempt: int, type: str) -> list[int]:
+    return [int(e.data["step"]) for e in _events(job, attempt, type) if "step" in e.data]
+
+
+def _end_message(job: TrainingJob, attempt: int) -> str:
+    (ended,) = [
+        e
+        for e in _events(job, 0, "status")
+        if e.data.get("attempt") == attempt and "end_reason" in e.data
+    ]
+    return ended.message
+
+
+SPOT_HYPERPARAMETERS = {
+    "n_epochs": 10,  # 150 steps: time to be interrupted well before the end
+    "batch_size": 4,
+    "learning_rate": 0.002,
+    "max_seq_length": 128,
+    "warmup_ratio": 0.0,
+    "gradient_checkpointing": False,
+}
+
+
+@pytest.mark.parametrize("warned", [True, False], ids=["two-minute-notice", "no-notice"])
+def test_a_spot_job_interrupted_mid_training_finishes_from_its_checkpoint_on_a_second_instance(
+    warned: bool,
+    aws_plane: Process,
+    api: Any,
+    demo_dataset: bytes,
+    tiny_model_dir: Path,
+    s3_endpoint: str,
+    sshd: Any,
+    ec2_front: LoopbackFront,
+    imds: FakeImds,
+) -> None:
+    job_id = submit_tiny_job(
+        api,
+        tiny_model_dir,
+        demo_dataset,
+        target=TARGET,
+        capacity="spot",
+        hyperparameters=SPOT_HYPERPARAMETERS,
+    )
+    job = TrainingJob.objects.get(public_id=job_id)
+    machine = f"{job_id}-a1"  # the first instance's attempt directory (and IMDS path)
+
+    def beat_until(what: str, check: Any) -> None:
+        def tick() -> bool:
+            _beat(s3_endpoint, sshd)
+            time.sleep(0.3)
+            return bool(check())
+
+        wait_for(what, tick, TRAIN_TIMEOUT, aws_plane)
+
+    # Mid-training on the first instance: past a periodic checkpoint (warned: past step 10).
+    if warned:
+        beat_until(
+            "step 10 on the first instance", lambda: max(_steps(job, 1, "metrics"), default=0) >= 10
+        )
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+        imds.interrupt(machine, {"action": "terminate", "time": at})
+    else:
+        beat_until("a checkpoint on the first instance", lambda: _steps(job, 1, "checkpoint"))
+        seen_checkpoint = max(_steps(job, 1, "checkpoint"))
+        # EC2 takes the instance back without a word: it is gone, and so is its executor.
+        (first_instance,) = _instances(s3_endpoint, job_id)
+        _ec2(s3_endpoint).terminate_instances(InstanceIds=[first_instance["InstanceId"]])
+        ec2_front.reclaimed.add(first_instance["InstanceId"])
+        _kill_executors([Path(settings.TRAINHUB_REMOTE_DIR) / machine])
+
+    beat_until(
+        "the spot job to end",
+        lambda: TrainingJob.objects.get(pk=job.pk).status in ("succeeded", "failed", "cancelled"),
+    )
+    job.refresh_from_db()
+    assert job.status == "succeeded", (job.error_code, job.error_message)
+    first, second = JobAttempt.objects.filter(job=job).order_by("number")
+    assert (first.end_reason, second.end_reason) == ("preempted", "succeeded")
+    assert first.capacity == second.capacity == "spot"
+    assert job.preemptions == 1, "forgiven: not counted against max_attempts"
+    assert _statuses(job) == [
+        "validating_files", "queued", "provisioning", "running", "queued", "provisioning",
+        "running", "finalizing", "succeeded",
+    ]  # fmt: skip
+
+    # The second instance resumed from the first one's newest checkpoint.
+    (resumed,) = [int(e.data["step"]) for e in _events(job, 2, "log") if "Resuming" in e.message]
+    if warned:
+        (notice,) = [e for e in _events(job, 1, "log") if e.data.get("notice")]
+        assert notice.data["notice"] == "spot_interruption" and notice.level == "warning"
+        noticed = _steps(job, 1, "checkpoint")[-1]  # saved at once, at the next step boundary
+        assert resumed == noticed >= 10
+        assert _end_message(job, 1).startswith(
+            f"Attempt 1 ended: Preempted during training after step {noticed}: AWS will terminate"
+        )
+    else:
+        assert resumed >= seen_checkpoint and resumed % CHECKPOINT_EVERY_STEPS == 0
+        assert "spot" in _end_message(job, 1).lower(), _end_message(job, 1)
+    assert min(_steps(job, 2, "metrics")) > resumed, "no step trained twice past the checkpoint"
+
+    # The adapter is verified, both instances were spot and both are terminated.
+    listed = api.get(f"/api/v1/jobs/{job_id}/artifacts/").json()["data"]
+    assert len(listed) == 1
+    assert verify_bundle([download(api, listed[0]["id"]).body]).sha256 == listed[0]["sha256"]
+    instances = _instances(s3_endpoint, job_id)
+    assert len({i["InstanceId"] for i in instances}) == 2
+    assert {i.get("InstanceLifecycle") for i in instances} == {"spot"}
+
+    def terminated() -> bool:
+        return all(
+            i["State"]["Name"] in ("shutting-down", "terminated")
+            for i in _instances(s3_endpoint, job_id)
+        )
+
+    wait_for("both instances to be terminated", terminated, 30, aws_plane)
+    assert job.on_demand_cost is not None and job.cost is not None
+    assert job.on_demand_cost > job.cost, "spot costs less than the same hours on demand"

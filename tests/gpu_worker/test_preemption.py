@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,6 @@ from gpu_worker import checkpoints, errors, preemption
 from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.preemption import (
     INSTANCE_ACTION_PATH,
-    REBALANCE_PATH,
     TOKEN_HEADER,
     TOKEN_PATH,
     TOKEN_TTL_HEADER,
@@ -34,82 +30,16 @@ from gpu_worker.preemption import (
 from gpu_worker.report import MemorySink, Reporter
 from gpu_worker.spec import SpecError, parse_job_spec
 from gpu_worker.trainer import StopGuard
+from tests.fakes.imds import FakeImds, serve_imds
 from tests.gpu_worker.conftest import spec_dict
 
 NOTICE = {"action": "terminate", "time": "2026-11-25T17:02:00Z"}
 
 
-# --- a fake instance metadata service (IMDSv2 required) ----------------------------------------
-
-
-@dataclass
-class FakeImds:
-    """IMDSv2 with tokens required: a PUT to the token path with a TTL header in 1..21600 gets
-    a token; reads without a known token get 401; the spot and rebalance paths answer 404
-    until ``notice`` / ``rebalance`` are set."""
-
-    url: str = ""
-    notice: dict[str, Any] | None = None
-    rebalance: dict[str, Any] | None = None
-    tokens: set[str] = field(default_factory=set)
-    requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
-    notice_served: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def answer(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        with self.lock:
-            self.requests.append((method, path, headers))
-            if path == TOKEN_PATH:
-                ttl = headers.get(TOKEN_TTL_HEADER.lower(), "")
-                if method != "PUT":
-                    return 405, b""
-                if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
-                    return 400, b""
-                token = f"token-{len(self.tokens)}"
-                self.tokens.add(token)
-                return 200, token.encode()
-            if method != "GET":
-                return 405, b""
-            if headers.get(TOKEN_HEADER.lower()) not in self.tokens:
-                return 401, b""
-            if path == INSTANCE_ACTION_PATH and self.notice is not None:
-                self.notice_served.set()
-                return 200, json.dumps(self.notice).encode()
-            if path == REBALANCE_PATH and self.rebalance is not None:
-                return 200, json.dumps(self.rebalance).encode()
-            return 404, b""
-
-    def of(self, path: str) -> list[tuple[str, str, dict[str, str]]]:
-        return [r for r in self.requests if r[1] == path]
-
-
 @pytest.fixture
 def imds() -> Iterator[FakeImds]:
-    fake = FakeImds()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            status, body = fake.answer(self.command, self.path, headers)
-            self.send_response(status)
-            if self.path == TOKEN_PATH and status == 200:
-                self.send_header(TOKEN_TTL_HEADER, headers[TOKEN_TTL_HEADER.lower()])
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_PUT = do_POST = _serve
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serve_imds() as fake:
+        yield fake
 
 
 @pytest.fixture
@@ -312,6 +242,11 @@ def test_the_spec_or_the_environment_turns_the_watcher_on(
     monkeypatch.setenv(preemption.ENV_IMDS_URL, "http://127.0.0.1:2")
     watcher = preemption.watcher_for(plain, reporter)
     assert watcher is not None and watcher.client.base_url == "http://127.0.0.1:2"
+    assert watcher.interval == preemption.POLL_SECONDS
+    for text, interval in [("0.2", 0.2), ("abc", 5.0), ("0", 5.0), ("600", 5.0)]:
+        monkeypatch.setenv(preemption.ENV_POLL_SECONDS, text)
+        watcher = preemption.watcher_for(plain, reporter)
+        assert watcher is not None and watcher.interval == interval, text
     monkeypatch.setenv(preemption.ENV_NOTICE, "azure")
     assert preemption.watcher_for(plain, reporter) is None
 
