@@ -23,8 +23,9 @@ instance stopped and answer with an error that still names it.
   ``spot_price_per_hour`` is the bid trainhub would place: ``min_bid`` plus ``api.BID_MARGIN``
   (5 %), rounded up to a tenth of a cent; None where that is not below on demand. ``min_bid``
   is read as the whole machine's $/h, the unit of the create's and the change-bid's ``price``
-  (UNCERTAIN for multi-GPU asks: a host sets its minimum per GPU; a bid Vast finds too low is
-  refused with ``invalid_price``, a permanent error, after whatever it left is destroyed).
+  (UNCERTAIN for multi-GPU asks: a host sets its minimum per GPU). A bid Vast finds too low
+  is refused with ``invalid_price`` (the minimum moved since the listing): whatever it left is
+  destroyed and the offer counts as having no capacity, so the next one is tried.
 - launch: rents exactly ``request.offer``. The instance list first: an instance labelled with
   the attempt's name is a create whose answer was lost, and is reused. Otherwise
   ``PUT /asks/{offer}/``, sent once (it rents a machine; Vast has no idempotency key, the label

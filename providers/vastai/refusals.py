@@ -13,13 +13,23 @@ from providers.vastai.api import TARGET
 GONE_CODES = frozenset({"no_such_instance", "not_found"})
 
 
+# Refusals that say "not this offer, not at this price, now": the next offer is tried (and the
+# job waits when none is left) instead of the attempt failing. ``invalid_price``: a bid below
+# the ask's current minimum (the market moved since the offers were listed).
+NOT_NOW = {
+    "no_such_ask": "is no longer available",
+    "invalid_price": "refused the bid as below its current minimum",
+}
+
+
 def create_failure(exc: ProviderError, offer_id: str) -> ProviderError:
     """What a refused ``PUT /asks/{id}/`` means to the caller."""
     code = error_code(exc.body) or exc.code
-    if code == "no_such_ask" or (isinstance(exc, InstanceNotFound) and not code):
+    if code in NOT_NOW or (isinstance(exc, InstanceNotFound) and not code):
         # 404: the offer is gone; 410: it cannot start now (cancel_unavail).
+        why = NOT_NOW.get(code, NOT_NOW["no_such_ask"])
         return NoCapacity(
-            f"Vast.ai offer {offer_id} is no longer available ({exc.message}); choose another",
+            f"Vast.ai offer {offer_id} {why} ({exc.message}); choose another",
             provider=TARGET,
             status=exc.status,
             code=code,
@@ -36,7 +46,7 @@ def refusal(body: Mapping[str, Any], offer_id: str) -> ProviderError:
     """A create answered 2xx with ``"success": false``."""
     code = error_code(body)
     message = f"Vast.ai refused to rent offer {offer_id}: {said(body)}"
-    error = NoCapacity if code == "no_such_ask" else PermanentProviderError
+    error = NoCapacity if code in NOT_NOW else PermanentProviderError
     return error(message, provider=TARGET, code=code, body=dict(body))
 
 

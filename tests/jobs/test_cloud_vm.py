@@ -450,10 +450,12 @@ class VastAccount:
     [
         # 2xx, success false, the offer gone (NoCapacity): the next offer is tried.
         (200, vp.error("no_such_ask", "offer taken", new_contract=MACHINE_A)),
-        # 400, the bid refused (permanent): the attempt ends, saying why.
+        # 400, the bid below the ask's minimum now (the market moved): the next offer too.
         (400, vp.error("invalid_price", "bid price too low", new_contract=MACHINE_A)),
+        # 400, a refusal that no other offer changes (permanent): the attempt ends, saying why.
+        (400, vp.error("invalid_args", "image is required", new_contract=MACHINE_A)),
     ],
-    ids=["no-capacity-next-offer", "permanent-attempt-ends"],
+    ids=["no-capacity-next-offer", "bid-too-low-next-offer", "permanent-attempt-ends"],
 )
 def test_a_vast_create_that_fails_but_left_an_instance_destroys_it(
     refusal, remote_root, http, make_job, project, sent
@@ -480,18 +482,19 @@ def test_a_vast_create_that_fails_but_left_an_instance_destroys_it(
     creates = [c.request.url for c in calls(http, "PUT")]
     attempt = JobAttempt.objects.get(job=job)
     job.refresh_from_db()
-    if refusal[0] == 200:
+    said = refusal[1]["msg"]
+    if refusal[1]["error"] != "invalid_args":
         assert creates == [f"{VAST}/asks/{OFFER_A}/", f"{VAST}/asks/{OFFER_B}/"]
         assert attempt.ended_at is None and attempt.number == 1
         assert attempt.offer["offer_id"] == str(OFFER_B)
         assert attempt.provider_instance_id == str(MACHINE_B), "not the leaked one, found by label"
         assert job.status == S.PROVISIONING
         refused = offers.refused_reasons([vp.trainhub_offer(vp.offer(OFFER_A))])
-        assert "offer taken" in refused[("vastai", str(OFFER_A))]
+        assert said in refused[("vastai", str(OFFER_A))]
     else:
         assert creates == [f"{VAST}/asks/{OFFER_A}/"], "a permanent refusal tries no other"
         assert attempt.end_reason == EndReason.PROVIDER_ERROR
-        assert job.status == S.FAILED and "bid price too low" in job.error_message
+        assert job.status == S.FAILED and said in job.error_message
     # Whatever the outcome, every instance left in the account is a live attempt's.
     owned = set(
         JobAttempt.objects.filter(ended_at__isnull=True)

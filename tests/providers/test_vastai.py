@@ -494,8 +494,10 @@ def test_a_refused_create_that_left_an_instance_destroys_it_then_raises() -> Non
         ASK, status=400, json=vp.error("invalid_price", "bid price too low", new_contract=NEW)
     )
     responses.delete(f"{BASE}/instances/{NEW}/", json={"success": True})
-    error = raised(PermanentProviderError, lambda: adapter().launch(request()))
-    assert type(error) is PermanentProviderError and error.status == 400
+    # A bid below the ask's minimum now: no capacity at this price, so the next offer is tried.
+    error = raised(NoCapacity, lambda: adapter().launch(request()))
+    assert type(error) is NoCapacity and error.status == 400 and error.code == "invalid_price"
+    assert "refused the bid as below its current minimum" in error.message
     assert "bid price too low" in error.message
     assert called() == [
         ("GET", INSTANCES),
@@ -540,7 +542,7 @@ def test_destroying_what_a_failed_create_left_waits_out_429s(sleeps: Sleeps) -> 
     responses.delete(f"{BASE}/instances/{NEW}/", status=429, body="API requests too frequent")
     responses.delete(f"{BASE}/instances/{NEW}/", status=429, body="API requests too frequent")
     responses.delete(f"{BASE}/instances/{NEW}/", json={"success": True})
-    raised(PermanentProviderError, lambda: adapter(sleep=sleeps).launch(request()))
+    raised(NoCapacity, lambda: adapter(sleep=sleeps).launch(request()))
     assert len(sent("DELETE")) == 3 and len(sleeps) == 2
 
 
@@ -553,7 +555,7 @@ def test_a_left_instance_that_is_already_gone_is_fine() -> None:
         status=404,
         json=vp.error("no_such_instance", f"Instance {NEW} not found."),
     )
-    error = raised(PermanentProviderError, lambda: adapter().launch(request()))
+    error = raised(NoCapacity, lambda: adapter().launch(request()))
     assert "too low" in error.message
 
 
