@@ -12,7 +12,9 @@ control, events, gossip or mingle (all of which publish to shared channels).
   with its worker is sent again by the control plane until the attempt is claimed, so kombu's
   ack emulation (a hash shared by every queue) is off.
 - On start the worker registers (capabilities, labels) and then heartbeats from a thread of
-  the main process; on a clean stop it says so, so it goes offline at once. An ephemeral node
+  the main process; on a clean stop it says so, so it goes offline at once. The base models
+  cached on the node (gpu_worker.model_cache) go with each registration and with the first
+  heartbeat after they changed (an attempt that downloaded its model, say). An ephemeral node
   stops itself (SIGTERM to the worker: a warm shutdown) after its one job.
 """
 
@@ -32,6 +34,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from gpu_worker import celery_conf as cc
 from gpu_worker import node as node_settings
 from gpu_worker import supervisor
+from gpu_worker.model_cache import ModelCache
 from gpu_worker.node_api import NodeApi
 
 log = logging.getLogger(__name__)
@@ -73,17 +76,27 @@ def run_attempt(self: Any, message: dict[str, Any]) -> str:
 REREGISTER_EVERY = 10
 
 
+def _model_cache() -> ModelCache | None:
+    if NODE.hub_cache is None:
+        return None
+    return ModelCache(NODE.hub_cache, NODE.model_dirs, NODE.model_scan_seconds)
+
+
 def _heartbeats(hostname: str) -> None:
     process = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
     api = NodeApi(NODE)
+    cache = _model_cache()
     beats = 0
     while True:
         report = None
         if beats % REREGISTER_EVERY == 0:
             report = node_settings.registration(NODE, hostname, process)
+        models = cache.to_send(registering=report is not None) if cache is not None else None
         try:
-            api.heartbeat(registration=report)
+            api.heartbeat(registration=report, models=models)
             beats += 1
+            if cache is not None:
+                cache.delivered(models)
         except Exception as exc:  # the control plane may be restarting: the next beat tries
             log.warning("heartbeat failed: %s", exc)
             beats = 0  # register again once it answers

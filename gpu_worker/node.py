@@ -18,6 +18,9 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 | ``TRAINHUB_NODE_CANCEL_GRACE_SECONDS`` | after a cancel: wait this for the executor to stop by itself, then SIGTERM, then as long again before SIGKILL (30) |
 | ``TRAINHUB_NODE_PAUSE_GRACE_SECONDS`` | after a pause: wait this for the executor to upload its checkpoint and stop, then SIGTERM as for a cancel (600) |
 | ``TRAINHUB_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS`` | checkpoint cadence passed to the executor |
+| ``TRAINHUB_NODE_MODEL_DIRS`` | absolute directories of local models (``,`` or ``:`` separated): each, and each model directory inside one, is reported as cached |
+| ``TRAINHUB_NODE_MODEL_SCAN_SECONDS`` | rescan the model caches at least this often (300); a change of the directories rescans sooner |
+| ``HF_HUB_CACHE`` / ``HF_HOME`` | the Hugging Face hub cache whose complete snapshots are reported as cached (gpu_worker.model_cache) |
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from gpu_worker import celery_conf
+from gpu_worker import celery_conf, model_cache
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -57,6 +60,10 @@ class NodeConfig:
     gpus_override: str | None
     # A pause uploads a checkpoint before the executor exits: it may take minutes on a large model.
     pause_grace_seconds: float = 600.0
+    # Where cached base models are looked for (gpu_worker.model_cache); None: not looked for.
+    hub_cache: Path | None = None
+    model_dirs: tuple[Path, ...] = ()
+    model_scan_seconds: float = model_cache.DEFAULT_SCAN_SECONDS
 
     @property
     def queue(self) -> str:
@@ -122,6 +129,11 @@ def config_from(env: dict[str, str]) -> NodeConfig:
         checkpoint_every_steps=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_STEPS", int),
         checkpoint_every_seconds=_optional_number(env, "TRAINHUB_CHECKPOINT_EVERY_SECONDS", float),
         gpus_override=env.get("TRAINHUB_NODE_GPUS"),
+        hub_cache=model_cache.hub_cache_dir(env),
+        model_dirs=model_cache.parse_model_dirs(env.get("TRAINHUB_NODE_MODEL_DIRS", "")),
+        model_scan_seconds=float(
+            env.get("TRAINHUB_NODE_MODEL_SCAN_SECONDS") or model_cache.DEFAULT_SCAN_SECONDS
+        ),
     )
 
 

@@ -6,7 +6,8 @@ authenticated by its token (``Authorization: Bearer thn-…``):
 
 - ``POST nodes/<name>/claim/``: start the attempt; the answer holds its spec (signed URLs and
   all) and the report token its executor sends events with. Answered once per attempt.
-- ``POST nodes/<name>/heartbeat/``: alive (with the registration now and then, or "stopping");
+- ``POST nodes/<name>/heartbeat/``: alive (with the registration now and then, or "stopping";
+  with ``models``, the base models cached on the node, when registering or when they changed);
   the answer lists the attempts to stop (``{"job_id", "attempt", "mode"}``, mode "cancel" or
   "pause"; absent from older control planes: cancel), so a stop reaches a node that cannot
   publish.
@@ -114,6 +115,7 @@ class NodeApi:
         registration: dict[str, Any] | None = None,
         running: tuple[str, int] | None = None,
         stopping: bool = False,
+        models: list[str] | None = None,
     ) -> dict[tuple[str, int], StopMode]:
         """Say the node is alive; returns the attempts the control plane wants stopped, and how
         (``running``, what this node runs, among them once it is cancelled, paused or ended)."""
@@ -122,6 +124,8 @@ class NodeApi:
             body["registration"] = registration
         if running is not None:
             body["running"] = list(running)
+        if models is not None:
+            body["models"] = models
         resp = self._session.post(f"{self._base}/heartbeat/", json=body, timeout=TIMEOUT)
         resp.raise_for_status()
         stops: dict[tuple[str, int], StopMode] = {}

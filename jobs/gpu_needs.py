@@ -8,11 +8,15 @@ A job's needs: ``gpu = {"count": 2, "min_vram_gb": 40, "name": "*H100*"}`` (ever
 optional; a name or VRAM without a count asks for one GPU; no count asks for none, so a CPU
 node qualifies) and
 ``node_selector = {"region": "eu-*"}`` (every label must exist on the node and match the glob).
+
+Among the nodes that fit, the dispatcher prefers one that has the job's base model cached
+(:func:`model_cached`, from the list the node reports; gpu_worker.model_cache).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
@@ -136,3 +140,21 @@ def misfit(gpu: Mapping[str, Any], selector: Mapping[str, str], node: Any) -> st
         if not fnmatch.fnmatchcase(str(labels[key]), pattern):
             return f"label {key}={labels[key]} does not match {pattern}"
     return None
+
+
+def _model_key(model: str) -> str:
+    # A local model is named by its path: "/models/x/" and "/models/x" are the same folder.
+    return posixpath.normpath(model) if model.startswith("/") else model
+
+
+def model_cached(node: Any, model: str) -> bool:
+    """Whether ``node`` reported ``model`` (a hub id, matched exactly as the hub cache is, or an
+    absolute path) among its cached models."""
+    cached = node.cached_models if isinstance(node.cached_models, list) else []
+    key = _model_key(model)
+    return any(isinstance(m, str) and _model_key(m) == key for m in cached)
+
+
+def cached_first(nodes: list[Any], model: str) -> list[Any]:
+    """``nodes`` with those that have ``model`` cached first, each group in its given order."""
+    return sorted(nodes, key=lambda n: not model_cached(n, model))

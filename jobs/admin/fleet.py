@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils.html import format_html_join
 
 from jobs.admin.common import ReadOnlyInline, colored, each_through_service
 from jobs.models import (
@@ -26,12 +27,15 @@ class GpuNodeAdmin(admin.ModelAdmin):
     """Nodes are created (and tokens rotated) with the API or `manage.py create_node`, which
     show the token once; the admin never shows it."""
 
-    list_display = ("name", "node_status", "draining", "gpus", "labels", "current_attempt",
-                    "last_heartbeat_at")  # fmt: skip
+    list_display = ("name", "node_status", "draining", "gpus", "models", "labels",
+                    "current_attempt", "last_heartbeat_at")  # fmt: skip
     list_filter = ("status", "draining", "ephemeral")
     search_fields = ("name",)
-    exclude = ("token_sha256",)
-    readonly_fields = [f.name for f in GpuNode._meta.fields if f.name != "token_sha256"]
+    exclude = ("token_sha256", "cached_models")  # the list is shown by cached_model_list
+    readonly_fields = [
+        *(f.name for f in GpuNode._meta.fields if f.name not in ("token_sha256", "cached_models")),
+        "cached_model_list",
+    ]
     inlines = [NodeEventInline]
     actions = ["drain", "undrain", "delete_offline"]
 
@@ -43,6 +47,22 @@ class GpuNodeAdmin(admin.ModelAdmin):
     def gpus(self, obj: GpuNode) -> str:
         gpus = (obj.capabilities or {}).get("gpus") or []
         return ", ".join(f"{g.get('name')} ({g.get('vram_mb')} MiB)" for g in gpus) or "none"
+
+    @admin.display(description="cached models")
+    def models(self, obj: GpuNode) -> str:
+        """How many, and the first few (the change page lists them all)."""
+        names = obj.cached_models if isinstance(obj.cached_models, list) else []
+        if obj.models_reported_at is None:
+            return "not reported"
+        shown = ", ".join(str(n) for n in names[:3])
+        return f"{len(names)}: {shown}{', …' if len(names) > 3 else ''}" if names else "none"
+
+    @admin.display(description="cached models")
+    def cached_model_list(self, obj: GpuNode) -> str:
+        names = obj.cached_models if isinstance(obj.cached_models, list) else []
+        if obj.models_reported_at is None:
+            return "Not reported (the node predates model cache reports, or never registered)."
+        return format_html_join("\n", "<div>{}</div>", ((str(n),) for n in names)) or "none"
 
     def _each(
         self, request: HttpRequest, queryset: QuerySet, action, verb: str, deletion: bool = False

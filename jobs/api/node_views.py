@@ -172,9 +172,11 @@ class NodeClaimView(_NodeView):
 
 
 class NodeHeartbeatView(_NodeView):
-    """``POST nodes/{name}/heartbeat/ {"registration"?, "running"?, "stopping"?}``: the node is
-    alive (registering now and then, or saying goodbye). The answer lists the attempts it must
-    stop, ``{"cancel": [{"job_id", "attempt"}]}``: nodes cannot be sent anything else."""
+    """``POST nodes/{name}/heartbeat/ {"registration"?, "running"?, "stopping"?, "models"?}``:
+    the node is alive (registering now and then, or saying goodbye; ``models``: the base models
+    it has cached, when it registers or they changed). The answer lists the attempts it must
+    stop, ``{"cancel": [{"job_id", "attempt"}]}``: nodes cannot be sent anything else. A body
+    with any bad part is refused whole (400 naming it) before anything is stored."""
 
     @extend_schema(
         operation_id="node_heartbeat",
@@ -194,12 +196,13 @@ class NodeHeartbeatView(_NodeView):
             raise InvalidRequest(
                 "running must be [job_id, attempt].", code="invalid_value", param="running"
             )
+        models = node_services.parse_cached_models(body.get("models"))
         if body.get("stopping") is True:
             node_services.node_stopping(node=node)
         elif registration is not None:
-            node_services.node_register(node=node, report=registration)
+            node_services.node_register(node=node, report=registration, models=models)
         else:
-            node_services.node_heartbeat(node=node)
+            node_services.node_heartbeat(node=node, models=models)
         cancel = node_services.node_stop_requests(
             node=node, running=tuple(running) if running else None
         )

@@ -276,6 +276,8 @@ def node_json(n: GpuNode) -> dict[str, Any]:
         "ephemeral": n.ephemeral,
         "labels": n.labels,
         "capabilities": n.capabilities,
+        "cached_models": n.cached_models if isinstance(n.cached_models, list) else [],
+        "models_reported_at": ts(n.models_reported_at),
         "current_job": attempt.job.public_id if attempt else None,
         "current_attempt": attempt.number if attempt else None,
         "last_heartbeat_at": ts(n.last_heartbeat_at),

@@ -14,6 +14,7 @@ from typing import Any
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers as s
 
+from gpu_worker.model_cache import MAX_MODELS, MAX_NAME
 from gpu_worker.spec_schema import ADAPTER_SCHEMA, HYPERPARAMETERS_SCHEMA
 from jobs.models.webhooks import EVENT_TYPES as WEBHOOK_EVENT_TYPES
 from jobs.states import JobCapacity, JobStatus
@@ -432,6 +433,10 @@ class Node(s.Serializer):
     ephemeral = s.BooleanField()
     labels = StringMap()
     capabilities = AnyObject()
+    cached_models = s.ListField(
+        child=s.CharField(), help_text="base models the node reported complete on disk"
+    )
+    models_reported_at = s.IntegerField(allow_null=True, help_text="when it reported them")
     current_job = s.CharField(allow_null=True)
     current_attempt = s.IntegerField(allow_null=True)
     last_heartbeat_at = s.IntegerField(allow_null=True)
@@ -487,6 +492,13 @@ class NodeHeartbeat(s.Serializer):
     running = s.ListField(child=s.JSONField(), required=False, min_length=2, max_length=2,
                           help_text="[job_id, attempt] the node runs")  # fmt: skip
     stopping = s.BooleanField(required=False, help_text="true: a clean shutdown")
+    models = s.ListField(
+        child=s.CharField(max_length=MAX_NAME),
+        required=False,
+        max_length=MAX_MODELS,
+        help_text="the base models cached on the node: hub ids 'owner/name' and absolute "
+        "paths (gpu_worker/model_cache.py)",
+    )
 
 
 class StopRequest(AttemptRef):

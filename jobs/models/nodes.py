@@ -35,6 +35,15 @@ class GpuNode(models.Model):
         blank=True,
         help_text="Reported by the node: gpu_count, gpus [{name, vram_mb}], cuda/driver, backend.",
     )
+    cached_models = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Reported by the node: base models it holds complete on disk (hub ids and "
+        "local paths); placement prefers a node that has the job's model.",
+    )
+    models_reported_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the node last reported its cached models."
+    )
     celery_hostname = models.CharField(max_length=255, blank=True)
     process = models.CharField(
         max_length=100, blank=True, help_text="The reporting worker process (host, pid, start)."

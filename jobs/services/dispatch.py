@@ -1,5 +1,10 @@
 """The own-fleet dispatcher: queued ``local`` (and ``auto``) jobs onto idle GPU nodes that fit.
 
+Among the idle nodes that fit, one that reported the job's base model cached comes first
+(gpu_needs.cached_first), the rest in name order as before: a job never waits for a node with
+its model while another fitting node is idle. The waiting reason names the fitting nodes that
+have the model and why they can't take it; the dispatch says whether the model was cached.
+
 Queued jobs stay in the database until placed. :func:`dispatch_queued` runs when a job is
 queued, when a node turns idle, and on every fleet tick; several may run at once: a placement
 locks the node row (``skip_locked``) and moves the job with the conditional status update, so
@@ -29,7 +34,7 @@ from django.utils import timezone
 
 from gpu_worker import celery_conf as cc
 from jobs.errors import InvalidTransition
-from jobs.gpu_needs import misfit
+from jobs.gpu_needs import cached_first, misfit, model_cached
 from jobs.models import GpuNode, JobAttempt, TrainingJob
 from jobs.services import messages
 from jobs.services.attempts import attempt_start
@@ -59,7 +64,7 @@ def dispatch_queued() -> int:
     nodes = list(GpuNode.objects.order_by("name"))
     for job in jobs:
         fitting = [n for n in nodes if misfit(job.gpu, job.node_selector, n) is None]
-        idle = [n for n in fitting if n.status == N.IDLE]
+        idle = cached_first([n for n in fitting if n.status == N.IDLE], job.model)
         node = next((n for n in idle if place_on_node(job, n)), None)
         if node is not None:
             node.status = N.BUSY  # for the rest of this pass
@@ -84,6 +89,7 @@ def place_on_node(job: TrainingJob, node: GpuNode) -> bool:
             GpuNode.objects.filter(pk=node.pk).update(current_attempt=attempt, status=N.BUSY)
             if job.waiting_reason:
                 TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="")
+            _note_model_cache(job, node, attempt.number)
             transaction.on_commit(lambda: send_run_attempt(attempt_pk=attempt.pk))
     except InvalidTransition:  # cancelled, or placed by another dispatcher meanwhile
         return False
@@ -91,14 +97,44 @@ def place_on_node(job: TrainingJob, node: GpuNode) -> bool:
     return True
 
 
+def _note_model_cache(job: TrainingJob, node: GpuNode, attempt: int) -> None:
+    """Say whether the node that takes the job has its model cached (nodes that never
+    reported a cache, older ones, say nothing). No node name: the job's project reads it."""
+    if node.models_reported_at is None:
+        return
+    cached = model_cached(node, job.model)
+    if cached:
+        message = f"Model {job.model} is cached on the node: no download."
+    elif job.model.startswith("/"):
+        message = f"Model {job.model} is not among the node's cached models."
+    else:
+        message = f"Model {job.model} is not cached on the node: it is downloaded first."
+    event_append(
+        job=job, type="log", message=message, data={"attempt": attempt, "model_cached": cached}
+    )
+
+
+def _cached_on(job: TrainingJob, fitting: list[GpuNode]) -> str:
+    """The fitting nodes with the job's model cached, and why each can't take it now."""
+    have = [n for n in fitting if model_cached(n, job.model)]
+    if not have:
+        return ""
+    return " Model cached on: " + ", ".join(f"{n.name} ({n.status})" for n in have) + "."
+
+
 def _waiting_reason(
     job: TrainingJob, nodes: list[GpuNode], fitting: list[GpuNode]
 ) -> tuple[WaitCode, str]:
+    # Only the two waits told to tenants by kind (api.presenters) name nodes or their caches.
     online = [n for n in nodes if n.status != N.OFFLINE]
     fitting_online = [n for n in fitting if n.status != N.OFFLINE]
+    cache = _cached_on(job, fitting)
     if fitting_online:
         busy = ", ".join(f"{n.name} ({n.status})" for n in fitting_online)
-        return WaitCode.NODES_BUSY, f"Waiting for a node: every node that fits is busy: {busy}."
+        return (
+            WaitCode.NODES_BUSY,
+            f"Waiting for a node: every node that fits is busy: {busy}.{cache}",
+        )
     if not nodes:
         return WaitCode.NO_NODE_REGISTERED, "Waiting for a node: no GPU node is registered."
     if not online:
@@ -106,7 +142,7 @@ def _waiting_reason(
     why = "; ".join(f"{n.name} {misfit(job.gpu, job.node_selector, n)}" for n in online)
     offline = ", ".join(n.name for n in fitting)
     tail = f" Fitting but offline: {offline}." if offline else ""
-    return WaitCode.NO_NODE_FITS, f"No online node fits this job: {why}.{tail}"
+    return WaitCode.NO_NODE_FITS, f"No online node fits this job: {why}.{tail}{cache}"
 
 
 def note_waiting(job: TrainingJob, code: WaitCode, message: str) -> None:

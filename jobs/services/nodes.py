@@ -4,7 +4,9 @@ A node's status is derived from four facts and written by :func:`node_settle` al
 no heartbeat for ``TRAINHUB_NODE_OFFLINE_SECONDS`` (or retired: stopped cleanly, or an
 ephemeral node after its job, until a new process registers) → offline; else draining when asked;
 else busy while it holds an attempt; else idle. A node that turns idle triggers the
-dispatcher. Every operator action and every registration leaves a :class:`NodeEvent`; operator
+dispatcher. A node also reports the base models it has cached (``models``, validated by
+:func:`parse_cached_models`; stored with when it came). Every operator action and every
+registration leaves a :class:`NodeEvent`; operator
 actions (create, token rotation, drain, undrain, delete) are also written to the audit trail
 (services.audit) with their actor.
 """
@@ -24,7 +26,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from gpu_worker.model_cache import MAX_MODELS, MAX_NAME
 from gpu_worker.outcomes import StopMode
+from gpu_worker.spec import SpecError, validate_model_name
 from jobs.broker_acl import broker_user_delete, broker_user_set, broker_users_sync
 from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import GpuNode, JobAttempt, NodeEvent
@@ -189,13 +193,74 @@ def _clean_report(report: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def node_register(*, node: GpuNode, report: Mapping[str, Any]) -> GpuNode:
-    """A node (re)started: store what it reported and bring it online."""
+def parse_cached_models(value: object) -> list[str] | None:
+    """A heartbeat's ``models``: None when absent; else every item a model reference a job
+    could name (a hub id or an absolute path, at most MAX_NAME characters), at most
+    MAX_MODELS of them; returned sorted without repeats. Anything else is refused whole
+    (InvalidRequest naming the item): it comes from a GPU node, and a node sends only what this
+    accepts (gpu_worker.model_cache.reportable)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidRequest(
+            "models must be a list of model names (hub ids or absolute paths).",
+            code="invalid_value",
+            param="models",
+        )
+    if len(value) > MAX_MODELS:
+        raise InvalidRequest(
+            f"models lists {len(value)} models; at most {MAX_MODELS} are accepted.",
+            code="invalid_value",
+            param="models",
+        )
+    for i, name in enumerate(value):
+        try:
+            ok = isinstance(name, str) and len(name) <= MAX_NAME
+            ok = ok and validate_model_name(name) == name
+        except SpecError:
+            ok = False
+        if not ok:
+            raise InvalidRequest(
+                f"models[{i}] must be a hub id 'owner/name' or an absolute path of at most "
+                f"{MAX_NAME} characters, without surrounding whitespace.",
+                code="invalid_value",
+                param=f"models[{i}]",
+            )
+    return sorted(set(value))
+
+
+def _models_fields(node: GpuNode, models: list[str] | None, now: Any) -> dict[str, Any]:
+    """The fields a models report sets, with a node event when the list changed."""
+    if models is None:
+        return {}
+    before = set(node.cached_models or [])
+    added, removed = sorted(set(models) - before), sorted(before - set(models))
+    if added or removed:
+        parts = [f"{len(models)} cached"]
+        if added:
+            parts.append("new: " + _few(added))
+        if removed:
+            parts.append("gone: " + _few(removed))
+        _audit(node, "models", "Models: " + "; ".join(parts) + ".")
+    return {"cached_models": models, "models_reported_at": now}
+
+
+def _few(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def node_register(
+    *, node: GpuNode, report: Mapping[str, Any], models: list[str] | None = None
+) -> GpuNode:
+    """A node (re)started: store what it reported and bring it online. ``models``: its
+    cached models, as :func:`parse_cached_models` returns them (None: not reported)."""
     now = timezone.now()
     fields = _clean_report(report)
     restarted = fields["process"] != node.process
     GpuNode.objects.filter(pk=node.pk).update(
         **fields,
+        **_models_fields(node, models, now),
         last_heartbeat_at=now,
         registered_at=now,
         # A retired node re-registering from the same process is on its way out.
@@ -210,8 +275,12 @@ def node_register(*, node: GpuNode, report: Mapping[str, Any]) -> GpuNode:
     return node
 
 
-def node_heartbeat(*, node: GpuNode) -> None:
-    GpuNode.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())
+def node_heartbeat(*, node: GpuNode, models: list[str] | None = None) -> None:
+    """The node is alive; ``models`` as for :func:`node_register`."""
+    now = timezone.now()
+    GpuNode.objects.filter(pk=node.pk).update(
+        last_heartbeat_at=now, **_models_fields(node, models, now)
+    )
     node_settle(node_pk=node.pk)
 
 

@@ -225,12 +225,10 @@ def _failed_machines(job: TrainingJob) -> dict[tuple[str, str], int]:
 
 
 def _place_on_idle_node(job: TrainingJob) -> bool:
-    for node in GpuNode.objects.filter(status=GpuNode.Status.IDLE).order_by("name"):
-        if gpu_needs.misfit(job.gpu, job.node_selector, node) is None and dispatch.place_on_node(
-            job, node
-        ):
-            return True
-    return False
+    idle = GpuNode.objects.filter(status=GpuNode.Status.IDLE).order_by("name")
+    fitting = [n for n in idle if gpu_needs.misfit(job.gpu, job.node_selector, n) is None]
+    # As the dispatcher: a node with the job's model cached first, then by name.
+    return any(dispatch.place_on_node(job, n) for n in gpu_needs.cached_first(fitting, job.model))
 
 
 def _waiting_reason(job: TrainingJob, plan: Plan) -> str:

@@ -18,6 +18,7 @@ from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
 from jobs.services.attempts import attempts_expire_leases
 from jobs.services.nodes import node_create
 from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, submit_tiny_job, wait_for
+from tests.gpu_worker._hub_cache import SINGLE, hub_repo
 from tests.jobs._api import download
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -54,17 +55,31 @@ def _events(job_id: str, type_: str | None = None) -> list[JobEvent]:
 def test_a_job_runs_on_an_idle_node_and_its_adapter_is_verified(
     plane, start_node, api, demo_dataset, tiny_model_dir, tmp_path
 ) -> None:
-    node = start_node("node-a", _node("node-a"))
+    # The node's model caches: a hub cache holding one complete and one partial download, and
+    # the tiny model's folder as a local model directory.
+    hub = tmp_path / "hf-hub"
+    hub_repo(hub, "acme/cached-model", SINGLE)
+    hub_repo(hub, "acme/half-downloaded", SINGLE, incomplete=True)
+    node = start_node(
+        "node-a",
+        _node("node-a"),
+        HF_HUB_CACHE=str(hub),
+        TRAINHUB_NODE_MODEL_DIRS=str(tiny_model_dir),
+    )
     _wait_idle("node-a", node, plane)
     registered = GpuNode.objects.get(name="node-a")
     assert registered.capabilities["backend"] == "peft"
     assert registered.capabilities["gpu_count"] == 0
     assert registered.celery_hostname.startswith("node-a@")
+    assert registered.cached_models == sorted([str(tiny_model_dir), "acme/cached-model"])
+    assert registered.models_reported_at is not None
 
     job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
     assert_trains_to_a_verified_adapter(
         api, job_id, "node-a", tiny_model_dir, tmp_path, node, plane
     )
+    [cache_note] = [e for e in _events(job_id, "log") if "model_cached" in e.data]
+    assert cache_note.data["model_cached"] is True
 
 
 def assert_trains_to_a_verified_adapter(

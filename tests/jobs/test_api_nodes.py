@@ -21,8 +21,9 @@ pytestmark = pytest.mark.django_db
 NODES = "/api/v1/nodes/"
 JOBS = "/api/v1/jobs/"
 NODE_KEYS = {
-    "id", "object", "status", "draining", "ephemeral", "labels", "capabilities", "current_job",
-    "current_attempt", "last_heartbeat_at", "registered_at", "created_at",
+    "id", "object", "status", "draining", "ephemeral", "labels", "capabilities", "cached_models",
+    "models_reported_at", "current_job", "current_attempt", "last_heartbeat_at", "registered_at",
+    "created_at",
 }  # fmt: skip
 H100 = {"name": "NVIDIA H100 80GB HBM3", "vram_mb": 81559}
 

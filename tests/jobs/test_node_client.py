@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from gpu_worker import node as node_settings
+from gpu_worker.model_cache import ModelCache
 from gpu_worker.node_api import NodeApi, events_url
 from gpu_worker.outcomes import Outcome, StopMode
 from gpu_worker.report import Reporter
@@ -23,6 +24,7 @@ from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
 from jobs.services import dispatch, nodes
 from jobs.services.jobs import job_cancel
 from jobs.states import JobStatus
+from tests.gpu_worker._hub_cache import SINGLE, hub_repo, local_model
 
 # Real HTTP: the live server's thread reads what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,6 +73,26 @@ def test_the_registration_report_is_stored_as_the_node_sent_it(node_api) -> None
 
     assert node_api.heartbeat(stopping=True) == {}
     assert GpuNode.objects.get(name=NODE).status == GpuNode.Status.OFFLINE
+
+
+def test_the_nodes_model_scan_is_sent_and_stored_over_real_http(
+    live_server, tmp_path: Path, node_api
+) -> None:
+    """What the node's scan finds (a fake hub cache, a local model folder) is what the control
+    plane stores: both sides agree on the list's shape and bounds."""
+    hub_repo(tmp_path / "hub", "acme/tiny-llama", SINGLE)
+    hub_repo(tmp_path / "hub", "acme/partial", SINGLE, incomplete=True)
+    local = local_model(tmp_path / "models" / "llama")
+    cache = ModelCache(tmp_path / "hub", (tmp_path / "models",))
+
+    models = cache.to_send(registering=True)
+    assert node_api.heartbeat(models=models) == {}
+    cache.delivered(models)
+
+    node = GpuNode.objects.get(name=NODE)
+    assert node.cached_models == [str(local), "acme/tiny-llama"]
+    assert node.models_reported_at is not None
+    assert cache.to_send(registering=False) is None  # unchanged: not sent again
 
 
 def test_a_node_with_a_wrong_token_is_refused(live_server, tmp_path: Path, node_api) -> None:

@@ -171,6 +171,38 @@ def test_a_heartbeat_lists_only_the_nodes_own_cancelled_attempts(
     assert beat("gpu-a", other_token).status_code == 401
 
 
+def test_a_node_cannot_set_another_nodes_cached_models(db, client) -> None:
+    """The cached-model list steers placement: only the node's own token sets it."""
+    online_node("gpu-a", H100)
+    _, token_b = online_node("gpu-b", H100)
+    forged = {"models": ["acme/popular-model"]}
+    for token in (token_b, "thn-guess", ""):
+        refused = client.post(
+            f"{NODE_API}/gpu-a/heartbeat/", forged, "application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )  # fmt: skip
+        assert refused.status_code == 401
+    a = GpuNode.objects.get(name="gpu-a")
+    assert (a.cached_models, a.models_reported_at) == ([], None)
+    own = client.post(
+        f"{NODE_API}/gpu-b/heartbeat/", forged, "application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token_b}",
+    )  # fmt: skip
+    assert own.status_code == 200
+    assert GpuNode.objects.get(name="gpu-b").cached_models == ["acme/popular-model"]
+
+
+def test_an_oversized_cached_model_report_is_refused_not_stored(db, client) -> None:
+    _, token = online_node("gpu-a", H100)
+    flood = {"models": [f"acme/m{i}" for i in range(100_000)]}
+    refused = client.post(
+        f"{NODE_API}/gpu-a/heartbeat/", flood, "application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )  # fmt: skip
+    assert refused.status_code in (400, 413)
+    assert GpuNode.objects.get(name="gpu-a").cached_models == []
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -18,6 +18,16 @@ def _gpus(node: dict[str, Any]) -> str:
     return f"{count or 0} {label}".strip()
 
 
+def _models(node: dict[str, Any]) -> str:
+    """The cached base models: all of them up to three, else the count and the first two."""
+    if node.get("models_reported_at") is None:
+        return "-"  # a node (or control plane) from before model cache reports
+    names = [str(m) for m in node.get("cached_models") or []]
+    if len(names) <= 3:
+        return ", ".join(names) or "none"
+    return f"{len(names)}: {', '.join(names[:2])}, …"
+
+
 @click.group()
 def nodes() -> None:
     """The own GPU nodes (operator endpoints: needs a staff user's key)."""
@@ -26,7 +36,7 @@ def nodes() -> None:
 @nodes.command("list")
 @json_option
 def list_nodes() -> None:
-    """List the GPU nodes with their status, GPUs, labels and current job."""
+    """List the GPU nodes with their status, GPUs, cached models, labels and current job."""
     state = get_state()
     page = state.api.get("/nodes")
     out = state.output
@@ -35,10 +45,12 @@ def list_nodes() -> None:
         return
     rows = [
         (n["id"], status_text(n.get("status")), "yes" if n.get("draining") else "", _gpus(n),
-         n.get("labels") or None, n.get("current_job"), when(n.get("last_heartbeat_at")))
+         _models(n), n.get("labels") or None, n.get("current_job"),
+         when(n.get("last_heartbeat_at")))
         for n in page["data"]
     ]  # fmt: skip
-    out.print(table(("id", "status", "draining", "gpus", "labels", "job", "heartbeat"), rows))
+    columns = ("id", "status", "draining", "gpus", "models", "labels", "job", "heartbeat")
+    out.print(table(columns, rows))
 
 
 def _drain_command(name: str, doc: str) -> None:
