@@ -14,8 +14,9 @@ job at a time on an idle node, it times:
   starts in the pool child after it). p50/p95/max/mean over ``--jobs`` jobs, PASS/FAIL against
   p50 <= 100 ms. Each job is cancelled through the API as soon as it is claimed.
 - **executor process start -> first training step**, on ``--first-step`` jobs that train, in
-  two ways: in the fleet (the supervisor's ``starting attempt`` log line, just before it spawns
-  ``python -m gpu_worker run``, to the ``running`` status event as stored), and the same
+  two ways: in the fleet (the supervisor's ``starting attempt`` log line, as it hands the
+  attempt to the node's warm executor or spawns ``python -m gpu_worker run``, to the ``running``
+  status event as stored), and the same
   executor command run by this script on a real attempt spec with a JSON-lines sink, whose
   events keep the executor's own ``ts`` (the control plane does not store it).
 

@@ -10,7 +10,14 @@
    reporter (``Reporter.from_spec`` with a JSON-lines sink, fsync per batch) that times each call
    the executor makes to it while ``Trainer.train`` runs; that time per optimizer step is
    compared with the mean step time (goal <= 2%).
-3. CUDA only: a random-init ~1B Llama (hidden 2048, 16 layers, 32 heads, 8 KV heads,
+3. Packing (``hyperparameters.packing``), CPU, tiny model: the same run packed and padded, on
+   the demo chat data and on a skewed-length chat dataset the bench generates (most examples one
+   short exchange, one in ten a long multi-turn conversation), batch 8, max_seq_length 512, one
+   epoch, gradient checkpointing off. Figures: useful tokens/s (tokens that carry loss, over the
+   train() wall time), padding share, and the loss after the same examples (same examples per
+   optimizer step in both: packing is per batch); goal >= 1.8x useful tokens/s on the skewed set
+   with the mean training loss within 2 %.
+4. CUDA only: a random-init ~1B Llama (hidden 2048, 16 layers, 32 heads, 8 KV heads,
    intermediate 8192, vocab 32000) built locally, the same short LoRA training (30 steps,
    batch 8, sequence 1024) in separate processes with TRAINHUB_BACKEND=unsloth and =peft, each
    with gradient checkpointing on (the spec's default) and off (``-no-gc``): tokens/s, peak GPU
@@ -19,10 +26,14 @@
    must be installed (requirements/gpu.txt); set UNSLOTH_DISABLE_STATISTICS=1 offline.
 
     .venv/bin/python bench/train_throughput.py [--threads N] [--configs lora,dora,qlora]
-        [--no-cpu] [--no-gpu] [--gpu-backends unsloth,peft,unsloth-no-gc,peft-no-gc] [--gpu-steps 30]
+        [--no-cpu] [--no-packing] [--no-gpu] [--gpu-backends unsloth,peft,unsloth-no-gc,peft-no-gc] [--gpu-steps 30]
         [--gpu-batch 8] [--gpu-seq 1024] [--json PATH]
 
-Offline, Django-free. About 50 s on 2 CPU cores; the GPU part about 3.5 minutes on an H100.
+Every tokens/s figure comes in two kinds (gpu_worker.token_counts): tokens/s counts input tokens
+that are not padding (prompt included), useful tokens/s only those that carry loss.
+
+Offline, Django-free. About 50 s on 2 CPU cores (the packing part about 40 s more); the GPU part
+about 3.5 minutes on an H100.
 Exits 1 if a run fails. Figures and method: docs/BENCHMARKS.md.
 """
 
@@ -53,6 +64,8 @@ NO_GC = "-no-gc"
 GPU_BACKENDS = ("unsloth", "peft", "unsloth-no-gc", "peft-no-gc")
 OVERHEAD_GOAL_PCT = 2.0
 SPEEDUP_GOAL = 1.6
+PACKING_GOAL = 1.8  # packed / padded useful tokens/s on the skewed set
+PACKING_LOSS_GOAL_PCT = 2.0
 # ~1B Llama for the GPU comparison: 16 x (attention 10.5M + MLP 50.3M) = 0.97B + embeddings.
 GPU_MODEL = {
     "hidden_size": 2048,
@@ -205,6 +218,11 @@ def child_train(cfg: dict[str, Any]) -> dict[str, Any]:
         "steady_skip": skip,
         "steady_tokens_per_second": (tok_b - tok_a) / (t_b - t_a) if t_b > t_a else 0.0,
         "trainer_tokens_per_second": m["tokens_per_second"],
+        "useful_tokens": m["useful_tokens"],
+        "useful_tokens_per_second": m["useful_tokens"] / train_seconds if train_seconds else 0.0,
+        "padding_share": m["padding_share"],
+        "batching": m["batching"],
+        "examples": m["examples"],
         "first_step_ms": step_times[0] * 1000,
         "mean_step_ms": statistics.fmean(step_times) * 1000,
         "steady_step_ms": statistics.fmean(step_times[skip:]) * 1000,
@@ -304,8 +322,35 @@ def _long_texts(count: int, chars: int, seed: int = 0) -> list[str]:
     return records
 
 
+def _skewed_chats(count: int, long_every: int = 10, seed: int = 0) -> list[str]:
+    """``count`` "messages" records: most one short demo exchange, every ``long_every``-th a
+    conversation of 10 to 13 demo exchanges (about 450 tokens on the tiny model's tokenizer)."""
+    from gpu_worker.datasets import DEMO_DATASET_PATH
+
+    demos = [
+        json.loads(line)["messages"]
+        for line in DEMO_DATASET_PATH.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    rng = random.Random(seed)  # noqa: S311 - sample data, not security
+    records = []
+    for i in range(count):
+        if i % long_every:
+            messages = rng.choice(demos)
+        else:
+            turns = [m for d in rng.sample(demos, rng.randint(10, 13)) for m in d[1:]]
+            messages = [demos[0][0], *turns]  # one system prompt, then the exchanges
+        records.append(json.dumps({"messages": messages}))
+    rng.shuffle(records)
+    return records
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.1f} %"
 
 
 def _machine() -> str:
@@ -366,19 +411,102 @@ def run_cpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
             f"{r0['backend']}"
         )
         print(
-            "| config | steps | tokens/step | train s | tokens/s | steady tokens/s | first step ms "
-            "| steady step ms | run() s | RSS before run() | peak RSS | loss first -> last |"
+            "| config | batching | steps | tokens/step | train s | tokens/s | useful tokens/s "
+            "| padding | steady tokens/s | first step ms | steady step ms | run() s "
+            "| RSS before run() | peak RSS | loss first -> last |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in rows:
             print(
-                f"| {r['name']} | {r['steps']} | {r['tokens_per_step']:.0f} | "
+                f"| {r['name']} | {r['batching']} | {r['steps']} | {r['tokens_per_step']:.0f} | "
                 f"{r['train_seconds']:.2f} | {r['tokens_per_second']:,.0f} | "
+                f"{r['useful_tokens_per_second']:,.0f} | {_pct(r['padding_share'])} | "
                 f"{r['steady_tokens_per_second']:,.0f} | {r['first_step_ms']:.0f} | "
                 f"{r['steady_step_ms']:.1f} | {r['run_seconds']:.2f} | {_mib(r['rss_before_run'])} | "
                 f"{_mib(r['peak_rss'])} | "
                 f"{r['first_loss']:.3f} -> {r['last_loss']:.3f} |"
             )
+    return rows, ok
+
+
+def run_packing(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The same LoRA run packed and padded, on the demo chat data and the skewed set."""
+    from gpu_worker.datasets import DEMO_DATASET_PATH
+    from gpu_worker.tiny_model import build_tiny_model
+
+    model_dir = tmp / "tiny-llama"
+    if not model_dir.exists():
+        build_tiny_model(model_dir)
+    demo = [ln for ln in DEMO_DATASET_PATH.read_text().splitlines() if ln.strip()]
+    # name -> (records, epochs): about as many examples each, so timings are not all warm-up.
+    datasets = {"demo_chat": (demo, 3), "skewed": (_skewed_chats(args.skewed_examples), 1)}
+    print(
+        f"Packing: tiny model, LoRA r=8, batch {args.pack_batch}, max_seq_length "
+        f"{args.pack_seq}, lr 2e-3, gradient checkpointing off; demo_chat.jsonl ({len(demo)} "
+        f"short chats, 3 epochs) and a generated skewed set ({args.skewed_examples} chats, one "
+        "in ten a 10-13 exchange conversation, 1 epoch); packed vs padded (packing: false), "
+        "same examples per optimizer step; one fresh process per run"
+    )
+    rows, ok = [], True
+    for data_name, (lines, epochs) in datasets.items():
+        path = tmp / f"{data_name}.jsonl"
+        sha = _write_dataset(path, lines)
+        for packing in (False, True):
+            name = f"{data_name}-{'packed' if packing else 'padded'}"
+            hp = {"n_epochs": epochs, "batch_size": args.pack_batch, "learning_rate": 2e-3,
+                  "max_seq_length": args.pack_seq, "warmup_ratio": 0.0,
+                  "gradient_checkpointing": False, "packing": packing}  # fmt: skip
+            cfg = {
+                "name": name,
+                "model": str(model_dir),
+                "dataset": str(path),
+                "sha256": sha,
+                "format": "messages",
+                "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
+                "hyperparameters": hp,
+                "threads": args.threads,
+                "warmup_steps": 2,
+            }
+            res = _spawn(cfg, env={"TRAINHUB_BACKEND": "peft"}, timeout=600)
+            if not res.get("ok"):
+                print(f"  {name}: FAILED: {res.get('error')}")
+                ok = False
+                continue
+            rows.append(res)
+    if not rows:
+        return rows, ok
+    print(
+        "| data / batching | examples / epoch | steps | tokens | useful tokens | padding | train s "
+        "| tokens/s | useful tokens/s | train loss | last loss |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['name']} ({r['batching']}) | {r['examples']} | {r['steps']} | "
+            f"{r['trained_tokens']:,} | {r['useful_tokens']:,} | {_pct(r['padding_share'])} | "
+            f"{r['train_seconds']:.2f} | {r['tokens_per_second']:,.0f} | "
+            f"{r['useful_tokens_per_second']:,.0f} | {r['train_loss']:.4f} | "
+            f"{r['last_loss']:.4f} |"
+        )
+    by = {r["name"]: r for r in rows}
+    for data_name in datasets:
+        padded, packed = by.get(f"{data_name}-padded"), by.get(f"{data_name}-packed")
+        if padded is None or packed is None:
+            continue
+        ratio = packed["useful_tokens_per_second"] / padded["useful_tokens_per_second"]
+        loss_pct = abs(packed["train_loss"] / padded["train_loss"] - 1) * 100
+        goal = ""
+        if data_name == "skewed":
+            met = ratio >= PACKING_GOAL and loss_pct <= PACKING_LOSS_GOAL_PCT
+            goal = f" (goal >= {PACKING_GOAL:g}x, loss within {PACKING_LOSS_GOAL_PCT:g} %): " + (
+                "PASS" if met else "FAIL"
+            )
+        print(
+            f"{data_name}: packed / padded useful tokens/s {ratio:.2f}x, padding "
+            f"{_pct(padded['padding_share'])} -> {_pct(packed['padding_share'])}, mean training "
+            f"loss {padded['train_loss']:.4f} vs {packed['train_loss']:.4f} ({loss_pct:.2f} % "
+            f"apart){goal}"
+        )
     return rows, ok
 
 
@@ -462,14 +590,16 @@ def run_gpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
         rows.append(res)
     if rows:
         print(
-            "| backend | steps | tokens/step | train s | tokens/s | steady tokens/s | first step ms "
-            "| steady step ms | run() s | peak GPU allocated | peak GPU reserved | loss first -> last |"
+            "| backend | batching | steps | tokens/step | train s | tokens/s | useful tokens/s "
+            "| steady tokens/s | first step ms | steady step ms | run() s | peak GPU allocated "
+            "| peak GPU reserved | loss first -> last |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in rows:
             print(
-                f"| {r['name']} | {r['steps']} | {r['tokens_per_step']:.0f} | "
+                f"| {r['name']} | {r['batching']} | {r['steps']} | {r['tokens_per_step']:.0f} | "
                 f"{r['train_seconds']:.2f} | {r['tokens_per_second']:,.0f} | "
+                f"{r['useful_tokens_per_second']:,.0f} | "
                 f"{r['steady_tokens_per_second']:,.0f} | {r['first_step_ms']:.0f} | "
                 f"{r['steady_step_ms']:.1f} | {r['run_seconds']:.1f} | {_mib(r['peak_gpu_allocated'])} | "
                 f"{_mib(r['peak_gpu_reserved'])} | {r['first_loss']:.3f} -> {r['last_loss']:.3f} |"
@@ -505,6 +635,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU tiny-model runs")
+    parser.add_argument("--no-packing", action="store_true", help="skip packed vs padded")
+    parser.add_argument("--pack-batch", type=int, default=8)
+    parser.add_argument("--pack-seq", type=int, default=512)
+    parser.add_argument("--skewed-examples", type=int, default=240)
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU comparison")
     parser.add_argument("--gpu-backends", default=",".join(GPU_BACKENDS))
     parser.add_argument("--gpu-steps", type=int, default=30)
@@ -536,6 +670,10 @@ def main() -> int:
             ok = ok and cpu_ok
             if cpu_rows:
                 print_overhead(cpu_rows, "CPU")
+        if not args.no_packing:
+            packing_rows, packing_ok = run_packing(args, tmp)
+            results["packing"] = packing_rows
+            ok = ok and packing_ok
         gpu_rows, gpu_ok = run_gpu(args, tmp)
         results["gpu"] = gpu_rows
         ok = ok and gpu_ok

@@ -2,12 +2,15 @@
 
     python -m gpu_worker run SPEC.json [--workdir DIR] [--cancel-file PATH]
                                        [--checkpoint-every-steps N] [--checkpoint-every-seconds S]
+    python -m gpu_worker warm
     python -m gpu_worker make-tiny-model DIR [--seed N]
 
 ``run`` trains one attempt (gpu_worker.train.run), reporting through the sinks the spec's
 ``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
 3 cancelled, 4 timeout, 5 preempted (gpu_worker.outcomes.ExitCode). The last stdout line is a JSON summary
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
+``warm`` does the imports first and then runs the one ``run`` ordered on its stdin (a GPU
+node's warm executor, gpu_worker.warm).
 While training runs, what the process writes to stdout/stderr and what it logs also become
 ``log`` events (gpu_worker.logcapture: rate-capped, secrets masked), and still reach stdout and
 stderr unchanged.
@@ -68,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="also checkpoint after S seconds without one (0: by steps only)",
+    )
+
+    sub.add_parser(
+        "warm",
+        help="import the training stack, then run the one attempt ordered on stdin "
+        "(a GPU node's warm executor: gpu_worker.warm)",
     )
 
     tiny = sub.add_parser("make-tiny-model", help="build the tiny offline test model into DIR")
@@ -184,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.command == "warm":
+        from gpu_worker.warm import serve
+
+        return serve(main)
     if args.command == "make-tiny-model":
         from gpu_worker.tiny_model import build_tiny_model
 

@@ -16,6 +16,8 @@ control, events, gossip or mingle (all of which publish to shared channels).
   cached on the node (gpu_worker.model_cache) go with each registration and with the first
   heartbeat after they changed (an attempt that downloaded its model, say). An ephemeral node
   stops itself (SIGTERM to the worker: a warm shutdown) after its one job.
+- The pool process starts the first attempt's executor ahead, its imports done
+  (gpu_worker.warm); the supervisor starts the next one after each attempt.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
 from gpu_worker import celery_conf as cc
 from gpu_worker import node as node_settings
@@ -111,6 +113,12 @@ def _start_heartbeats(sender: Any = None, **_: object) -> None:
         target=_heartbeats, args=(hostname,), name="node-heartbeat", daemon=True
     ).start()
     log.info("node %s ready on queue %s", NODE.name, NODE.queue)
+
+
+@worker_process_init.connect
+def _warm_up(**_: object) -> None:
+    """In the pool process that will run attempts: start the first attempt's executor ahead."""
+    supervisor.prepare_warm(NODE)
 
 
 @worker_shutting_down.connect

@@ -21,6 +21,7 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 | ``TRAINHUB_NODE_MODEL_DIRS`` | absolute directories of local models (``,`` or ``:`` separated): each, and each model directory inside one, is reported as cached |
 | ``TRAINHUB_NODE_MODEL_SCAN_SECONDS`` | rescan the model caches at least this often (300); a change of the directories rescans sooner |
 | ``HF_HUB_CACHE`` / ``HF_HOME`` | the Hugging Face hub cache whose complete snapshots are reported as cached (gpu_worker.model_cache) |
+| ``TRAINHUB_NODE_WARM_EXECUTOR`` | ``0``: start every executor cold; default on (not on an ephemeral node): the next attempt's executor is started ahead with its imports done (gpu_worker.warm) |
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from gpu_worker import celery_conf, model_cache
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_OFF = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class NodeConfig:
     hub_cache: Path | None = None
     model_dirs: tuple[Path, ...] = ()
     model_scan_seconds: float = model_cache.DEFAULT_SCAN_SECONDS
+    # Keep the next executor started ahead (gpu_worker.warm). config_from turns it on; off
+    # here, so a NodeConfig built by hand (tests, tools) starts no background process.
+    warm_executor: bool = False
 
     @property
     def queue(self) -> str:
@@ -112,13 +117,15 @@ def config_from(env: dict[str, str]) -> NodeConfig:
     workdir = env.get("TRAINHUB_NODE_WORKDIR") or str(
         Path(tempfile.gettempdir()) / f"trainhub-node-{name}"
     )
+    ephemeral = env.get("TRAINHUB_NODE_EPHEMERAL", "").lower() in ("1", "true", "yes")
+    warm = env.get("TRAINHUB_NODE_WARM_EXECUTOR", "1").strip().lower() not in _OFF
     return NodeConfig(
         name=name,
         token=token,
         broker_url=with_node_credentials(broker, name, token),
         control_url=control_url,
         labels=_parse_labels(env.get("TRAINHUB_NODE_LABELS", "")),
-        ephemeral=env.get("TRAINHUB_NODE_EPHEMERAL", "").lower() in ("1", "true", "yes"),
+        ephemeral=ephemeral,
         workdir=Path(workdir),
         heartbeat_seconds=float(
             env.get("TRAINHUB_NODE_HEARTBEAT_SECONDS") or celery_conf.NODE_HEARTBEAT_SECONDS
@@ -134,6 +141,7 @@ def config_from(env: dict[str, str]) -> NodeConfig:
         model_scan_seconds=float(
             env.get("TRAINHUB_NODE_MODEL_SCAN_SECONDS") or model_cache.DEFAULT_SCAN_SECONDS
         ),
+        warm_executor=warm and not ephemeral,  # an ephemeral node has no next attempt
     )
 
 

@@ -35,6 +35,8 @@ def final_metrics(
     evals = [(e["step"], float(e["eval_loss"])) for e in state.log_history if "eval_loss" in e]
     out = dict(train_output.metrics) if train_output is not None else {}
     runtime = to_float(out.get("train_runtime"))
+    counts = callback.counter.total
+    session = counts.minus(callback.counter.session_start)
     metrics: dict[str, Any] = {
         "job_id": spec.job_id,
         "attempt": spec.attempt,
@@ -53,9 +55,14 @@ def final_metrics(
         "last_loss": history[-1][1] if history else None,
         "eval_loss": evals[-1][1] if evals else None,
         "loss_history": [{"step": s, "loss": v} for s, v in history],
-        "trained_tokens": int(state.num_input_tokens_seen),
+        # What each count means: gpu_worker.token_counts. Rates cover this attempt only.
+        "trained_tokens": counts.tokens,
+        "useful_tokens": counts.useful,
+        "padding_share": counts.padding_share,
+        "batching": callback.batching,
         "train_runtime_seconds": runtime,
-        "tokens_per_second": rate(state.num_input_tokens_seen - callback.start_tokens, runtime),
+        "tokens_per_second": rate(session.tokens, runtime),
+        "useful_tokens_per_second": rate(session.useful, runtime),
         "examples": stats.kept,
         "dropped_examples": stats.dropped,
         "truncated_examples": stats.truncated,

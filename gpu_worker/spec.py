@@ -111,6 +111,13 @@ class Hyperparameters:
     sequences and large batches fit, at roughly a third more compute per step. Both backends
     honour it (Unsloth's offloaded variant, transformers' otherwise); turn it off for speed when
     the batch fits without it (docs/BENCHMARKS.md, training throughput).
+
+    ``packing`` trains without padding: each micro-batch's examples are laid end to end in rows
+    of at most ``max_seq_length`` tokens, position ids restarting at every example and attention
+    kept inside it (gpu_worker.packing). The same examples make the same steps and the same loss
+    as without it; only the padding's compute goes. Where the model cannot keep attention inside
+    an example (checked on the model before training), training uses length-grouped batches
+    instead and says so. Turn it off to batch exactly as before.
     """
 
     n_epochs: int = 3
@@ -120,6 +127,7 @@ class Hyperparameters:
     gradient_accumulation_steps: int = 1
     warmup_ratio: float = 0.03
     gradient_checkpointing: bool = True
+    packing: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in HYPERPARAMETERS_SCHEMA["properties"]}

@@ -81,6 +81,13 @@ HYPERPARAMETERS_SCHEMA: dict[str, Any] = {
         "gradient_accumulation_steps": {"type": "integer", "minimum": 1, "maximum": 1024},
         "warmup_ratio": {"type": "number", "minimum": 0, "maximum": 0.5},
         "gradient_checkpointing": {"type": "boolean"},
+        "packing": {
+            "type": "boolean",
+            "default": True,
+            "description": "train without padding: each batch's examples share rows, position "
+            "ids restart per example and attention stays inside each (gpu_worker.packing); "
+            "false pads each batch to its longest example",
+        },
     },
 }
 

@@ -17,6 +17,11 @@ writes "pause" into the file: the executor uploads a checkpoint first, so its gr
 job cuts the wait to the cancel's grace). The
 executor also dies with this process (``PR_SET_PDEATHSIG``), so killing the node never leaves a
 training running unowned.
+
+Warm starts: the executor of the next attempt is started ahead, with its imports done
+(gpu_worker.warm), when the worker starts and after each attempt; an attempt is handed to it,
+and started cold when it is not there to take it. It runs that one attempt and exits, so GPU
+memory is freed with each attempt as before.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from gpu_worker.node import NodeConfig
 from gpu_worker.node_api import NodeApi, checked_ids, events_url
 from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.sinks import HttpSink
+from gpu_worker.warm import WarmExecutor
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +56,51 @@ _PR_SET_PDEATHSIG = 1
 _NODE_SECRETS = ("TRAINHUB_NODE_TOKEN", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
 
 
+# The next attempt's executor, started ahead (gpu_worker.warm); None: the next start is cold.
+_warm: WarmExecutor | None = None
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when the supervisor goes away (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _executor_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _NODE_SECRETS}
+
+
+def prepare_warm(node: NodeConfig) -> None:
+    """Start the next attempt's warm executor, unless one is alive or the node starts cold.
+    Called from the thread that runs attempts: PR_SET_PDEATHSIG follows the thread that spawned
+    the child, so the warm process must not outlive it unowned."""
+    global _warm
+    if not node.warm_executor or (_warm is not None and _warm.proc.poll() is None):
+        return
+    try:
+        _warm = WarmExecutor.spawn(_executor_env(), preexec_fn=_die_with_parent)
+    except OSError as exc:
+        log.warning("could not start a warm executor (the next start is cold): %s", exc)
+        _warm = None
+
+
+def _start_executor(args: list[str], attempt_env: dict[str, str]) -> tuple[Any, str]:
+    """The attempt's executor process, handed to the warm one when it can take it, else
+    started cold; and which it was."""
+    global _warm
+    warm, _warm = _warm, None
+    if warm is not None:
+        proc = warm.hand(args, attempt_env)
+        if proc is not None:
+            return proc, "warm"
+        log.warning("the warm executor could not take the attempt; starting it cold")
+    proc = subprocess.Popen(  # noqa: S603 - this interpreter running the executor
+        [sys.executable, "-m", "gpu_worker", *args],
+        env={**_executor_env(), **attempt_env},
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    return proc, "cold"
 
 
 def run(message: dict[str, Any], node: NodeConfig, api: NodeApi | None = None) -> str:
@@ -75,20 +122,17 @@ def run(message: dict[str, Any], node: NodeConfig, api: NodeApi | None = None) -
     spec_path = workdir / "spec.json"
     spec_path.touch(mode=0o600)  # holds signed URLs: readable by this user only
     spec_path.write_text(json.dumps(claimed.spec))
-    command = [sys.executable, "-m", "gpu_worker", "run", str(spec_path),
-               "--workdir", str(workdir / "run"), "--cancel-file", str(cancel_file)]  # fmt: skip
+    args = ["run", str(spec_path), "--workdir", str(workdir / "run"),
+            "--cancel-file", str(cancel_file)]  # fmt: skip
     if node.checkpoint_every_steps:
-        command += ["--checkpoint-every-steps", str(node.checkpoint_every_steps)]
+        args += ["--checkpoint-every-steps", str(node.checkpoint_every_steps)]
     if node.checkpoint_every_seconds is not None:
-        command += ["--checkpoint-every-seconds", str(node.checkpoint_every_seconds)]
+        args += ["--checkpoint-every-seconds", str(node.checkpoint_every_seconds)]
     report_url = events_url(node.control_url, node.name, job_id, attempt)
-    env = {k: v for k, v in os.environ.items() if k not in _NODE_SECRETS}
-    env.update(TRAINHUB_REPORT_URL=report_url, TRAINHUB_REPORT_TOKEN=claimed.report_token)
-    log.info("starting attempt %s of %s", attempt, job_id)
+    attempt_env = {"TRAINHUB_REPORT_URL": report_url, "TRAINHUB_REPORT_TOKEN": claimed.report_token}
     try:
-        proc = subprocess.Popen(  # noqa: S603 - this interpreter running the executor
-            command, env=env, start_new_session=True, preexec_fn=_die_with_parent
-        )
+        proc, start = _start_executor(args, attempt_env)
+        log.info("starting attempt %s of %s (%s start, pid %s)", attempt, job_id, start, proc.pid)
         watch = _CancelWatch(api, (job_id, attempt), cancel_file, node.control_poll_seconds)
         code, signalled = _wait(
             proc, watch, node.cancel_grace_seconds, pause_grace=node.pause_grace_seconds
@@ -96,6 +140,7 @@ def run(message: dict[str, Any], node: NodeConfig, api: NodeApi | None = None) -
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         cancel_file.unlink(missing_ok=True)
+        prepare_warm(node)  # the next attempt's, now that this one's process is gone
     if code not in ExitCode.reported():
         _report_death(HttpSink(report_url, claimed.report_token), job_id, attempt, code, signalled)
     log.info("attempt %s of %s ended: exit %s", attempt, job_id, code)

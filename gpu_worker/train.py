@@ -259,6 +259,7 @@ def _run(
         tokenizer,
         train_examples,
         eval_examples,
+        max_len=max_len,
         run_dir=run_dir,
         reporter=reporter,
         stop=stop,

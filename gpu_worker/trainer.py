@@ -21,8 +21,9 @@ from gpu_worker.errors import (
     ExecutorError,
     Preempted,
 )
-from gpu_worker.formatting import PadCollator, pad_token_id
 from gpu_worker.outcomes import StopMode
+from gpu_worker.packing import choose_batching
+from gpu_worker.token_counts import TokenCounts, counting_trainer, make_token_counter
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
@@ -94,8 +95,10 @@ class StopGuard:
 
 
 def make_callback(
-    reporter: Reporter, stop: StopGuard, checkpointer: checkpoints.Checkpointer
+    reporter: Reporter, stop: StopGuard, checkpointer: checkpoints.Checkpointer, counter: Any
 ) -> Any:
+    """``counter``: the run's token counter (gpu_worker.token_counts), registered before this
+    callback so that its totals are current when this one reads them."""
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
     class ExecutorCallback(TrainerCallback):
@@ -103,9 +106,10 @@ def make_callback(
 
         def __init__(self) -> None:
             self.stop_reason: str | None = None
+            self.counter = counter
+            self.batching = ""  # gpu_worker.packing mode, for the final metrics
             self._t = time.monotonic()
-            self._tokens = 0
-            self.start_tokens = 0
+            self._last = TokenCounts()
 
         def on_train_begin(
             self,
@@ -114,9 +118,8 @@ def make_callback(
             control: TrainerControl,
             **kwargs: Any,
         ) -> None:
-            # After a resume the state already counts the earlier attempts' tokens.
-            self._t, self._tokens = time.monotonic(), state.num_input_tokens_seen
-            self.start_tokens = state.num_input_tokens_seen
+            # After a resume the counter already holds the earlier attempts' tokens.
+            self._t, self._last = time.monotonic(), counter.session_start
 
         def on_log(
             self,
@@ -128,9 +131,9 @@ def make_callback(
         ) -> None:
             logs = logs or {}
             if "loss" in logs:
-                now, tokens = time.monotonic(), state.num_input_tokens_seen
-                rate = (tokens - self._tokens) / (now - self._t) if now > self._t else 0.0
-                self._t, self._tokens = now, tokens
+                now, total = time.monotonic(), counter.total
+                done, seconds = total.minus(self._last), now - self._t
+                self._t, self._last = now, TokenCounts(total.tokens, total.useful, total.positions)
                 reporter.metrics(
                     step=state.global_step,
                     total_steps=state.max_steps,
@@ -138,8 +141,11 @@ def make_callback(
                     loss=float(logs["loss"]),
                     lr=float(logs.get("learning_rate", 0.0)),
                     grad_norm=to_float(logs.get("grad_norm")),
-                    tokens_per_second=round(rate, 1),
-                    trained_tokens=int(tokens),
+                    tokens_per_second=rate(done.tokens, seconds) or 0.0,
+                    useful_tokens_per_second=rate(done.useful, seconds) or 0.0,
+                    trained_tokens=total.tokens,
+                    useful_tokens=total.useful,
+                    padding_share=total.padding_share,
                 )
             if "eval_loss" in logs:
                 reporter.log(
@@ -214,7 +220,7 @@ def make_callback(
 
 
 def rate(tokens: int, seconds: float | None) -> float | None:
-    return round(tokens / seconds, 1) if seconds else None
+    return round(tokens / seconds, 1) if seconds and seconds > 0 else None
 
 
 def to_float(value: Any) -> float | None:
@@ -232,17 +238,22 @@ def build_trainer(
     train_examples: list[dict[str, list[int]]],
     eval_examples: list[dict[str, list[int]]] | None,
     *,
+    max_len: int,
     run_dir: Path,
     reporter: Reporter,
     stop: StopGuard,
     extra_callbacks: Iterable[Any],
     checkpointer: checkpoints.Checkpointer,
 ) -> tuple[Any, Any]:
+    """The Trainer for this run and its :func:`make_callback` callback. ``max_len``: the
+    sequence length examples were truncated to, also the length of a packed row."""
     import torch
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     hp = spec.hyperparameters
     precision = backends.precision()
+    batching = choose_batching(spec, model, tokenizer, max_len, backends.select_backend())
+    reporter.log(batching.note, "warning" if batching.warning else "info", batching=batching.mode)
     args = TrainingArguments(
         output_dir=str(run_dir / "trainer"),
         per_device_train_batch_size=hp.batch_size,
@@ -261,21 +272,24 @@ def build_trainer(
         data_seed=spec.seed,
         remove_unused_columns=False,
         label_names=["labels"],
-        include_num_input_tokens_seen="non_padding",
+        include_num_input_tokens_seen="no",  # gpu_worker.token_counts counts (and sets it)
+        train_sampling_strategy=batching.sampling,
         gradient_checkpointing=False,  # the backend applied the spec's setting when loading
         disable_tqdm=True,
         dataloader_num_workers=0,
         bf16=precision["bf16"],
         fp16=precision["fp16"],
     )
-    callback = make_callback(reporter, stop, checkpointer)
-    trainer = Trainer(
+    counter = make_token_counter()
+    callback = make_callback(reporter, stop, checkpointer, counter)
+    callback.batching = batching.mode
+    trainer = counting_trainer(Trainer, counter)(
         model=model,
         args=args,
         train_dataset=train_examples,  # a list is a map-style dataset
         eval_dataset=eval_examples,
-        data_collator=PadCollator(pad_token_id(tokenizer)),
-        callbacks=[callback, *extra_callbacks],
+        data_collator=batching.collator,
+        callbacks=[counter, callback, *extra_callbacks],
     )
     # With tqdm off the Trainer prints every log dict to stdout; progress goes through the
     # reporter instead (stdout stays clean for the CLI's JSON summary).

@@ -150,6 +150,7 @@ class Hyperparameters(s.Serializer):
     gradient_accumulation_steps = s.IntegerField()
     warmup_ratio = s.FloatField()
     gradient_checkpointing = s.BooleanField()
+    packing = s.BooleanField(required=False, help_text="absent on jobs created before it existed")
 
 
 class SupervisedIn(s.Serializer):

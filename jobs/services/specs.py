@@ -70,7 +70,7 @@ def attempt_spec(
             "resume_url": url(resume, "GET") if resume is not None else None,
         },
         "adapter": job.adapter,
-        "hyperparameters": job.hyperparameters,
+        "hyperparameters": _executor_hyperparameters(job.hyperparameters),
         "seed": job.seed,
         "max_runtime_seconds": job.max_runtime_seconds,
         "report": {
@@ -86,6 +86,20 @@ def attempt_spec(
         # A spot machine that warns: the executor checkpoints when the warning comes.
         spec["preemption_notice"] = target.spot_notice
     return spec
+
+
+# Hyperparameters added to the spec later than others, with the value an executor that does
+# not know them uses: left out at that value, so a node still running an older executor (which
+# refuses fields it does not know) takes the job as before.
+_NEWER_WITH_DEFAULT = {"packing": True}
+
+
+def _executor_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in hyperparameters.items()
+        if not (k in _NEWER_WITH_DEFAULT and v == _NEWER_WITH_DEFAULT[k])
+    }
 
 
 def _resume_key(attempt: JobAttempt) -> str | None:

@@ -79,6 +79,8 @@ def test_defaults() -> None:
     assert parse_hyperparameters(None) == parse_hyperparameters({}) == Hyperparameters()
     assert Hyperparameters() == Hyperparameters(3, 4, 2e-4, 2048, 1, 0.03, True)
     assert parse_hyperparameters({"gradient_checkpointing": False}).gradient_checkpointing is False
+    assert Hyperparameters().packing is True
+    assert parse_hyperparameters({"packing": False}).packing is False
     assert parse_adapter({"r": 64}) == AdapterSpec(r=64)
     assert parse_hyperparameters({"batch_size": 8}).n_epochs == 3
 
@@ -157,6 +159,8 @@ BAD: list[tuple[str, Any, str]] = [
     ("hyperparameters.learning_rate", 1.5, "hyperparameters.learning_rate"),
     ("hyperparameters.learning_rate", float("inf"), "hyperparameters.learning_rate"),
     ("hyperparameters.max_seq_length", 16, "hyperparameters.max_seq_length"),
+    ("hyperparameters.packing", "yes", "hyperparameters.packing"),
+    ("hyperparameters.packing", 1, "hyperparameters.packing"),
     ("hyperparameters.max_seq_length", 131073, "hyperparameters.max_seq_length"),
     (
         "hyperparameters.gradient_accumulation_steps",

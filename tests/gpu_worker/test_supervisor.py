@@ -48,6 +48,8 @@ def _config(tmp_path: Path, **env: str) -> node_settings.NodeConfig:
             "CELERY_BROKER_URL": "redis://127.0.0.1:6379/1",
             "TRAINHUB_CONTROL_URL": "http://control.test",
             "TRAINHUB_NODE_WORKDIR": str(tmp_path),
+            # Cold starts: sys.executable is a fake executor here (tests/gpu_worker/test_warm.py).
+            "TRAINHUB_NODE_WARM_EXECUTOR": "0",
             **env,
         }
     )

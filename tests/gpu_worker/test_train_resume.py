@@ -99,7 +99,9 @@ def test_resume_continues_the_step_count_and_optimizer_state(
     assert set(losses) == set(reference)  # the log history carries the first attempt's steps
     for step in (17, 24, 30):
         assert losses[step] == pytest.approx(reference[step], abs=1e-4), step
-    assert result.metrics["trained_tokens"] == full.result.metrics["trained_tokens"]
+    # The token counts continue from the checkpoint (gpu_worker.token_counts), not from zero.
+    for key in ("trained_tokens", "useful_tokens", "padding_share"):
+        assert result.metrics[key] == full.result.metrics[key], key
 
 
 def test_an_unusable_checkpoint_trains_from_zero_with_a_warning(

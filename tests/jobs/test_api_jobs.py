@@ -97,6 +97,14 @@ def test_create_with_processed_file_is_queued(api, project, processed_file) -> N
     assert got.json() == job
 
 
+def test_create_takes_packing_on_by_default(api, processed_file) -> None:
+    default = _create(api, _job_body(processed_file.public_id))
+    off = _create(api, _job_body(processed_file.public_id, hyperparameters={"packing": False}))
+    assert (default.status_code, off.status_code) == (201, 201), off.content
+    assert default.json()["hyperparameters"]["packing"] is True
+    assert off.json()["hyperparameters"]["packing"] is False
+
+
 def test_create_before_validation_waits_then_queues(api, make_file) -> None:
     pending = make_file(validate=False)
     response = _create(api, _job_body(pending.public_id))
@@ -133,6 +141,7 @@ def test_create_before_validation_of_a_broken_file_fails_the_job(api, make_file)
         ({"hyperparameters": {"learning_rate": -1}}, "hyperparameters.learning_rate", None),
         ({"hyperparameters": {"n_epochs": True}}, "hyperparameters.n_epochs", None),
         ({"hyperparameters": {"batch_size": 2, "dropout": 0.1}}, "hyperparameters.dropout", None),
+        ({"hyperparameters": {"packing": "yes"}}, "hyperparameters.packing", None),
         ({"colour": "blue"}, "colour", None),
         ({"training_file": None}, "training_file", "invalid_type"),
         ({"training_file": "file-nope"}, "training_file", "file_not_found"),

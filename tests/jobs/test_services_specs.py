@@ -101,3 +101,19 @@ def test_only_a_spot_machine_that_warns_has_its_executor_watch_for_the_notice(
     spec = specs.attempt_spec(attempt)
     assert spec.get("preemption_notice") == notice
     assert ("preemption_notice" in spec) == (notice is not None)
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_packing_at_the_executors_default_is_left_out_of_the_spec(make_job, packing: bool) -> None:
+    """An executor older than ``packing`` refuses fields it does not know: a spec carries the
+    field only when it differs from what such an executor does anyway (the current executor
+    reads the absence as its default, on)."""
+    from gpu_worker.spec import parse_job_spec
+
+    job = make_job()
+    TrainingJob.objects.filter(pk=job.pk).update(
+        hyperparameters={**job.hyperparameters, "packing": packing}
+    )
+    spec = specs.attempt_spec(next_attempt(job))
+    assert ("packing" in spec["hyperparameters"]) is not packing
+    assert parse_job_spec(spec).hyperparameters.packing is packing

@@ -103,6 +103,11 @@ def _file_ref(state: State, value: str, option: str) -> str:
     default=None,
     help="hyperparameters.gradient_checkpointing",
 )
+@click.option(
+    "--packing/--no-packing",
+    default=None,
+    help="hyperparameters.packing: train without padding (on unless told).",
+)
 @click.option("--target", help="local, auto, or a provider (`trainhub providers list`).")
 @click.option("--gpu-count", type=int, help="gpu.count: GPUs per machine.")
 @click.option(
@@ -158,7 +163,7 @@ def create(**opts: Any) -> None:
         )
     hyper = {k: opts[k] for k in ("n_epochs", "learning_rate", "batch_size", "max_seq_length",
                                   "gradient_accumulation_steps", "warmup_ratio",
-                                  "gradient_checkpointing")}  # fmt: skip
+                                  "gradient_checkpointing", "packing")}  # fmt: skip
     gpu = {
         "count": opts["gpu_count"],
         "min_vram_gb": opts["gpu_min_vram"],
