@@ -5,6 +5,7 @@ on the tiny model. Nothing is mocked."""
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 import time
 from pathlib import Path
@@ -178,9 +179,9 @@ def test_a_node_killed_mid_training_loses_the_attempt_and_the_job_resumes_elsewh
         node,
         plane,
     )
-    assert _executors_of(job_id), "the executor should be running now"
+    assert _executors_of(job_id, node), "the executor should be running now"
     node.kill_group()  # the worker and its pool child; the executor dies with its supervisor
-    wait_for("the orphaned executor to die", lambda: not _executors_of(job_id), 10)
+    wait_for("the orphaned executor to die", lambda: not _executors_of(job_id, node), 10)
 
     # The attempt's lease runs out (no heartbeats), so beat's expire_leases finds it lost.
     wait_for(
@@ -248,17 +249,22 @@ def test_an_attempt_whose_message_vanished_is_sent_again(
     assert JobAttempt.objects.filter(job__public_id=job_id).count() == 1
 
 
-def _executors_of(job_id: str) -> list[int]:
-    """Pids of live executor processes (``python -m gpu_worker run …/<job>-aN/spec.json``)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "gpu_worker run" in cmdline and f"/{job_id}-a" in cmdline:
-            pids.append(int(proc.name))
-    return pids
+def _executors_of(job_id: str, node: Process) -> list[int]:
+    """Pids of the job's live executor processes, as the node's log names them ("starting
+    attempt N of <job> (warm start, pid P)": a warm executor's command line names no job)."""
+    started = re.findall(
+        rf"starting attempt \d+ of {job_id} \(\w+ start, pid (\d+)\)", node.tail(10**6)
+    )
+    return [int(pid) for pid in started if _alive(int(pid))]
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that was killed."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def test_jobs_go_only_to_a_node_whose_labels_fit_and_others_wait_saying_why(
