@@ -22,12 +22,14 @@
    batch 8, sequence 1024) in separate processes with TRAINHUB_BACKEND=unsloth and =peft, each
    with gradient checkpointing on (the spec's default) and off (``-no-gc``): tokens/s, peak GPU
    memory (torch.cuda.max_memory_allocated) and the Unsloth/PEFT ratio at the same setting
-   (goal >= 1.6x). Without CUDA it says so and measures nothing. Unsloth
+   (goal >= 1.6x). ``--gpu-data skewed`` trains skewed-length chats instead (packing on, as
+   by default), for the whole-run useful tokens/s of packed Unsloth vs packed PEFT (issue 20,
+   goal >= 1.6x). Without CUDA it says so and measures nothing. Unsloth
    must be installed (requirements/gpu.txt); set UNSLOTH_DISABLE_STATISTICS=1 offline.
 
     .venv/bin/python bench/train_throughput.py [--threads N] [--configs lora,dora,qlora]
         [--no-cpu] [--no-packing] [--no-gpu] [--gpu-backends unsloth,peft,unsloth-no-gc,peft-no-gc] [--gpu-steps 30]
-        [--gpu-batch 8] [--gpu-seq 1024] [--json PATH]
+        [--gpu-batch 8] [--gpu-seq 1024] [--gpu-data text|skewed] [--json PATH]
 
 Every tokens/s figure comes in two kinds (gpu_worker.token_counts): tokens/s counts input tokens
 that are not padding (prompt included), useful tokens/s only those that carry loss.
@@ -322,6 +324,34 @@ def _long_texts(count: int, chars: int, seed: int = 0) -> list[str]:
     return records
 
 
+def _cpu_run(
+    name: str,
+    model_dir: Path,
+    dataset: tuple[Path, str],
+    adapter: str,
+    hyperparameters: dict[str, Any],
+    threads: int | None,
+) -> dict[str, Any] | None:
+    """One CPU training run of the tiny model in a fresh process (PEFT); its row, or None
+    (and the failure printed)."""
+    cfg = {
+        "name": name,
+        "model": str(model_dir),
+        "dataset": str(dataset[0]),
+        "sha256": dataset[1],
+        "format": "messages",
+        "adapter": {"type": adapter, "r": 8, "alpha": 16, "dropout": 0.0},
+        "hyperparameters": hyperparameters,
+        "threads": threads,
+        "warmup_steps": 2,
+    }
+    res = _spawn(cfg, env={"TRAINHUB_BACKEND": "peft"}, timeout=600)
+    if not res.get("ok"):
+        print(f"  {name}: FAILED: {res.get('error')}")
+        return None
+    return res
+
+
 def _skewed_chats(count: int, long_every: int = 10, seed: int = 0) -> list[str]:
     """``count`` "messages" records: most one short demo exchange, every ``long_every``-th a
     conversation of 10 to 13 demo exchanges (about 450 tokens on the tiny model's tokenizer)."""
@@ -383,24 +413,12 @@ def run_cpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
     )
     rows, ok = [], True
     for name in args.configs:
-        adapter = name.removesuffix(NO_GC)
-        cfg = {
-            "name": name,
-            "model": str(model_dir),
-            "dataset": str(data),
-            "sha256": sha,
-            "format": "messages",
-            "adapter": {"type": adapter, "r": 8, "alpha": 16, "dropout": 0.0},
-            "hyperparameters": {**hp, "gradient_checkpointing": not name.endswith(NO_GC)},
-            "threads": args.threads,
-            "warmup_steps": 2,
-        }
-        res = _spawn(cfg, env={"TRAINHUB_BACKEND": "peft"}, timeout=600)
-        if not res.get("ok"):
-            print(f"  {name}: FAILED: {res.get('error')}")
-            ok = False
-            continue
-        rows.append(res)
+        res = _cpu_run(
+            name, model_dir, (data, sha), name.removesuffix(NO_GC),
+            {**hp, "gradient_checkpointing": not name.endswith(NO_GC)}, args.threads,
+        )  # fmt: skip
+        ok = ok and res is not None
+        rows += [res] if res is not None else []
 
     if rows:
         r0 = rows[0]
@@ -456,23 +474,9 @@ def run_packing(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any
             hp = {"n_epochs": epochs, "batch_size": args.pack_batch, "learning_rate": 2e-3,
                   "max_seq_length": args.pack_seq, "warmup_ratio": 0.0,
                   "gradient_checkpointing": False, "packing": packing}  # fmt: skip
-            cfg = {
-                "name": name,
-                "model": str(model_dir),
-                "dataset": str(path),
-                "sha256": sha,
-                "format": "messages",
-                "adapter": {"type": "lora", "r": 8, "alpha": 16, "dropout": 0.0},
-                "hyperparameters": hp,
-                "threads": args.threads,
-                "warmup_steps": 2,
-            }
-            res = _spawn(cfg, env={"TRAINHUB_BACKEND": "peft"}, timeout=600)
-            if not res.get("ok"):
-                print(f"  {name}: FAILED: {res.get('error')}")
-                ok = False
-                continue
-            rows.append(res)
+            res = _cpu_run(name, model_dir, (path, sha), "lora", hp, args.threads)
+            ok = ok and res is not None
+            rows += [res] if res is not None else []
     if not rows:
         return rows, ok
     print(
@@ -552,13 +556,17 @@ def run_gpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
         print(f"GPU: building the ~1B model FAILED: {built.get('error')}")
         return [], False
     count = args.gpu_steps * args.gpu_batch
-    data = tmp / "long_text.jsonl"
-    sha = _write_dataset(data, _long_texts(count, chars=args.gpu_seq * 12))
+    if args.gpu_data == "skewed":  # uneven chats: packing (on by default) has padding to remove
+        data, fmt, what = tmp / "skewed_gpu.jsonl", "messages", "skewed-length 'messages' chats"
+        sha = _write_dataset(data, _skewed_chats(count))
+    else:
+        data, fmt, what = tmp / "long_text.jsonl", "text", "'text' examples"
+        sha = _write_dataset(data, _long_texts(count, chars=args.gpu_seq * 12))
     print(
         f"GPU: {torch.cuda.get_device_name(0)}; random-init Llama {built['parameters'] / 1e9:.2f}B "
         f"params (hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, vocab "
         f"{built['vocab']}), bf16; LoRA r=16 alpha 32 on q/k/v/o/gate/up/down; {count} "
-        f"'text' examples truncated to {args.gpu_seq} tokens, batch {args.gpu_batch}, 1 epoch = "
+        f"{what} truncated to {args.gpu_seq} tokens, batch {args.gpu_batch}, 1 epoch = "
         f"{args.gpu_steps} steps; steady state skips the first 5 steps"
     )
     rows, ok = [], True
@@ -569,7 +577,7 @@ def run_gpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
             "model": str(model_dir),
             "dataset": str(data),
             "sha256": sha,
-            "format": "text",
+            "format": fmt,
             "adapter": {"type": "lora", "r": 16, "alpha": 32, "dropout": 0.0},
             "hyperparameters": {
                 "n_epochs": 1,
@@ -610,6 +618,7 @@ def run_gpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
         for unsloth, peft in pairs:
             for key, label in (
                 ("tokens_per_second", "whole train"),
+                ("useful_tokens_per_second", "whole train, useful tokens"),
                 ("steady_tokens_per_second", "steady state"),
             ):
                 ratio = by[unsloth][key] / by[peft][key]
@@ -636,6 +645,9 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU tiny-model runs")
     parser.add_argument("--no-packing", action="store_true", help="skip packed vs padded")
+    parser.add_argument("--gpu-data", choices=("text", "skewed"), default="text",
+                        help="GPU data: equal-length text (the established comparison) or "
+                        "skewed-length chats, which packing (on) makes padding-free")  # fmt: skip
     parser.add_argument("--pack-batch", type=int, default=8)
     parser.add_argument("--pack-seq", type=int, default=512)
     parser.add_argument("--skewed-examples", type=int, default=240)
