@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
 from jobs.admin.common import ReadOnlyInline, colored, each_through_service
 from jobs.models import (
@@ -31,6 +31,7 @@ class GpuNodeAdmin(admin.ModelAdmin):
                     "current_attempt", "last_heartbeat_at")  # fmt: skip
     list_filter = ("status", "draining", "ephemeral")
     search_fields = ("name",)
+    change_list_template = "admin/jobs/wide_change_list.html"
     exclude = ("token_sha256", "cached_models")  # the list is shown by cached_model_list
     readonly_fields = [
         *(f.name for f in GpuNode._meta.fields if f.name not in ("token_sha256", "cached_models")),
@@ -50,12 +51,18 @@ class GpuNodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="cached models")
     def models(self, obj: GpuNode) -> str:
-        """How many, and the first few (the change page lists them all)."""
+        """How many, every name on hover (the change page lists them all)."""
         names = obj.cached_models if isinstance(obj.cached_models, list) else []
         if obj.models_reported_at is None:
             return "not reported"
-        shown = ", ".join(str(n) for n in names[:3])
-        return f"{len(names)}: {shown}{', …' if len(names) > 3 else ''}" if names else "none"
+        if not names:
+            return "none"
+        return format_html(
+            '<span title="{}">{} model{}</span>',
+            "\n".join(str(n) for n in names),
+            len(names),
+            "" if len(names) == 1 else "s",
+        )
 
     @admin.display(description="cached models")
     def cached_model_list(self, obj: GpuNode) -> str:

@@ -363,14 +363,16 @@ def test_the_nodes_api_shows_the_cached_models(make_client, make_user) -> None:
 def test_the_admin_fleet_pages_show_the_cached_models(admin_client) -> None:
     silent, _ = online_node("gpu-old", H100)
     node, _ = online_node("gpu-a", H100)
-    cached(node, *(f"acme/m{i}" for i in range(5)))
+    cached(node, *(f"acme/m{i}" for i in range(4)), "/models/a&b<i>")
 
     listing = admin_client.get("/admin/jobs/gpunode/").content.decode()
-    assert "5: acme/m0, acme/m1, acme/m2, …" in listing
-    assert "not reported" in listing
+    names = "\n".join(["/models/a&amp;b&lt;i&gt;", *(f"acme/m{i}" for i in range(4))])
+    assert f'<span title="{names}">5 models</span>' in listing, "every name on hover, escaped"
+    assert "not reported" in listing and "b<i>" not in listing
 
     page = admin_client.get(f"/admin/jobs/gpunode/{node.pk}/change/").content.decode()
-    assert all(f"<div>acme/m{i}</div>" in page for i in range(5))
+    assert all(f"<div>acme/m{i}</div>" in page for i in range(4))
+    assert "<div>/models/a&amp;b&lt;i&gt;</div>" in page and "b<i>" not in page
     assert "Models reported at" in page or "models reported at" in page.lower()
     old = admin_client.get(f"/admin/jobs/gpunode/{silent.pk}/change/").content.decode()
     assert "Not reported" in old
