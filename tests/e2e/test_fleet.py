@@ -106,6 +106,10 @@ def assert_trains_to_a_verified_adapter(
         "validating_files", "queued", "provisioning", "running", "finalizing", "succeeded"
     ]  # fmt: skip
     assert any(e.type == "metrics" for e in _events(job_id))
+    # The job's metrics count both kinds of token, and the padding's share.
+    metrics = api.get(f"/api/v1/jobs/{job_id}").json()["metrics"]
+    assert 0 < metrics["useful_tokens_per_second"] < metrics["tokens_per_second"]
+    assert metrics["useful_tokens"] > 0 and 0 <= metrics["padding_share"] < 1
 
     # The stored adapter is the executor's bundle, verified; it downloads and reloads.
     listed = api.get(f"/api/v1/jobs/{job_id}/artifacts/").json()["data"]
