@@ -196,6 +196,8 @@ def file_validate(*, file_pk: int) -> TrainingFile | None:
             "errors": [{"line": e.line, "message": e.message} for e in report.errors],
             "error_count": report.error_count,
         }
+    # Committed before the jobs waiting for it are looked for: a job created meanwhile looks at
+    # the file again once it is committed itself (jobs._advance_once_committed).
     TrainingFile.objects.filter(pk=file_pk).update(processed_at=timezone.now(), **fields)
     record.refresh_from_db()
     waiting = TrainingJob.objects.filter(status="validating_files").filter(

@@ -3,6 +3,7 @@ delete."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -17,7 +18,7 @@ from django.db.models import F
 
 from gpu_worker import spec
 from jobs import gpu_needs, storage
-from jobs.errors import Conflict, InvalidRequest, LimitExceeded
+from jobs.errors import Conflict, InvalidRequest, InvalidTransition, LimitExceeded
 from jobs.models import GpuNode, IdempotencyKey, Project, TrainingFile, TrainingJob
 from jobs.services.attempts import attempt_live, attempt_request_stop
 from jobs.services.audit import SYSTEM, Actor, audit_record, created, deleted, diff
@@ -278,6 +279,9 @@ def job_create(
                 data={"status": str(S.VALIDATING_FILES)},
             )
             job_advance_validation(job=job)
+            if job.status == S.VALIDATING_FILES:
+                pk = job.pk
+                transaction.on_commit(lambda: _advance_once_committed(pk), robust=True)
             audit_record(
                 actor=actor,
                 action="job.create",
@@ -331,6 +335,23 @@ def job_advance_validation(*, job: TrainingJob) -> None:
         )
     elif all(f.status == TrainingFile.Status.PROCESSED for f in files):
         job_transition(job=job, to=S.QUEUED, message="Files validated; job queued.")
+
+
+def _advance_once_committed(job_pk: int) -> None:
+    """Look at a new job's files again once the job is committed. Its file may have been
+    validated at the same moment: the validation looked for waiting jobs before this one was
+    committed, and the creation read the file before the validation was committed, so each
+    missed the other and the job would wait in validating_files for ever. The validation
+    commits the file before it looks (files.file_validate), so this second look, after the
+    job's commit, sees the file settled whenever the validation's look missed the job."""
+    job = (
+        TrainingJob.objects.select_related("training_file", "validation_file")
+        .filter(pk=job_pk, status=S.VALIDATING_FILES)
+        .first()
+    )
+    if job is not None:
+        with contextlib.suppress(InvalidTransition):  # moved on meanwhile (cancelled, say)
+            job_advance_validation(job=job)
 
 
 # --- user actions -----------------------------------------------------------------------------

@@ -371,6 +371,53 @@ def test_concurrent_creates_respect_the_job_limit(
     assert TrainingJob.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_job_created_while_its_file_is_validated_is_queued_whatever_the_interleaving(
+    user, make_client, make_file, no_broker, monkeypatch
+) -> None:
+    """The worst order: the create reads its file still unvalidated, then (before the create
+    commits) the validation commits and looks for waiting jobs, finding none. The job must
+    not wait in validating_files for ever: the create looks again once committed."""
+    from django.db import connection
+
+    from jobs.services import jobs as job_services
+    from jobs.services.files import file_validate
+
+    if connection.vendor != "postgresql":
+        pytest.skip("two transactions at once need a server database")
+    pending = make_file(validate=False)
+    read, go = threading.Event(), threading.Event()
+    record = job_services.audit_record
+
+    def paused_after_the_read(**kwargs: Any) -> None:  # the create, before its commit
+        record(**kwargs)
+        if kwargs.get("action") == "job.create":
+            read.set()
+            assert go.wait(30), "the validation never let the create go on"
+
+    monkeypatch.setattr(job_services, "audit_record", paused_after_the_read)
+
+    def validate_meanwhile() -> None:
+        assert read.wait(30), "the create never read its file"
+        try:
+            file_validate(file_pk=pending.pk)  # commits; the uncommitted job is not seen
+        finally:
+            go.set()
+            connection.close()
+
+    validator = threading.Thread(target=validate_meanwhile)
+    validator.start()
+    created = _create(make_client(user), _job_body(pending.public_id))
+    validator.join(timeout=30)
+
+    assert created.status_code == 201, created.content
+    assert created.json()["status"] == "queued", "looked at again once committed"
+    job = TrainingJob.objects.get(public_id=created.json()["id"])
+    assert job.status == "queued"
+    statuses = [e.data["status"] for e in job.events.filter(type="status").order_by("number")]
+    assert statuses == ["validating_files", "queued"]
+
+
 # --- list -----------------------------------------------------------------------------------
 
 
