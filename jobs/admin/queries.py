@@ -129,6 +129,41 @@ def progress(job: TrainingJob) -> Progress | None:
     return Progress(step, total)
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """The latest rates the executor reported (gpu_worker.token_counts): tokens that carry
+    loss, all tokens that are not padding, and the padding's share of the positions."""
+
+    useful: float | None
+    tokens: float | None
+    padding: float | None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.useful is not None:
+            parts.append(f"{self.useful:,.0f} useful tokens/s")
+        if self.tokens is not None:
+            parts.append(f"{'of ' if parts else ''}{self.tokens:,.0f} tokens/s")
+        text = " ".join(parts)
+        if self.padding is not None:
+            text += f"{' · ' if text else ''}{self.padding:.1%} padding"
+        return text
+
+
+def throughput(job: TrainingJob) -> Throughput | None:
+    m = job.latest_metrics or {}
+
+    def number(key: str) -> float | None:
+        value = m.get(key)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+        return float(value) if ok else None
+
+    found = Throughput(
+        number("useful_tokens_per_second"), number("tokens_per_second"), number("padding_share")
+    )
+    return found if str(found) else None
+
+
 def eta(job: TrainingJob) -> datetime | None:
     finish = estimated_finish(job)
     return datetime.fromtimestamp(finish, tz=UTC) if finish is not None else None

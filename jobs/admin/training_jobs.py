@@ -313,6 +313,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
             "status_color": STATUS_COLORS.get(job.status, "#24292f"),
             "progress": done,
             "eta": queries.eta(job),
+            "throughput": queries.throughput(job),
             "place": queries.place(live or (attempts[0] if attempts else None)),
             "live": live is not None,
             "cost": queries.job_cost_so_far(job, attempts, now),

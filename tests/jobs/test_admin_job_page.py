@@ -147,6 +147,25 @@ def test_the_summary_shows_progress_eta_place_cost_and_attempts(admin_client) ->
     assert '"latest_metrics"' not in page.split('id="trainingjob_form"')[0]  # raw fields below
 
 
+@pytest.mark.parametrize(
+    ("metrics", "shown"),
+    [
+        ({"useful_tokens_per_second": 612.4, "tokens_per_second": 2841.0, "padding_share": 0.145},
+         "612 useful tokens/s of 2,841 tokens/s · 14.5% padding"),
+        ({"tokens_per_second": 2841.0}, "2,841 tokens/s"),  # an executor before useful tokens
+        ({"tokens_per_second": "fast", "padding_share": True}, None),  # junk is not shown
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_the_summary_shows_the_latest_throughput(admin_client, metrics, shown) -> None:
+    job = _running(latest_metrics={"step": 120, "total_steps": 400, **metrics})
+    summary = _get(admin_client, PAGE.format(job.pk)).split('id="trainingjob_form"')[0]
+    if shown is None:
+        assert "tokens/s" not in summary and "padding" not in summary
+    else:
+        assert f'<div class="quiet">{shown}</div>' in summary
+
+
 def test_the_waiting_reason_shows_only_while_queued(admin_client) -> None:
     reason = "Waiting for a node: every node that fits is busy (gpu-a busy, gpu-b busy)."
     queued = TrainingJobFactory(status="queued", waiting_reason=reason)
