@@ -156,6 +156,9 @@ def test_each_attempt_runs_in_a_fresh_warm_process_that_exits_with_it(
 ) -> None:
     for name, value in _env().items():
         monkeypatch.setenv(name, value)
+    # The node's worker holds its secrets; an executor, warm or cold, never gets them.
+    monkeypatch.setenv("TRAINHUB_NODE_TOKEN", "thn-node-secret")
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://trainhub-node-node-w:thn-node-secret@h/1")
     node = _node(control, tmp_path)
     outs = [tmp_path / f"out{n}" for n in (1, 2)]
     specs = [_spec(tiny_model_dir, dataset_files["messages"], outs[n - 1], n) for n in (1, 2)]
@@ -169,6 +172,7 @@ def test_each_attempt_runs_in_a_fresh_warm_process_that_exits_with_it(
     supervisor.prepare_warm(node)  # as the worker's pool process does when it starts
     assert supervisor._warm is not None
     first = supervisor._warm.proc
+    assert b"thn-node-secret" not in Path(f"/proc/{first.pid}/environ").read_bytes()
 
     assert supervisor.run({"job_id": "ftjob-test", "attempt": 1}, node) == "exit 0"
     assert first.poll() == 0, "the first attempt's process has exited (its memory freed)"
