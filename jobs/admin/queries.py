@@ -155,8 +155,9 @@ def throughput(job: TrainingJob) -> Throughput | None:
 
     def number(key: str) -> float | None:
         value = m.get(key)
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-        return float(value) if ok else None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            return None
+        return float(value)
 
     found = Throughput(
         number("useful_tokens_per_second"), number("tokens_per_second"), number("padding_share")
