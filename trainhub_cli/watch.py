@@ -74,6 +74,8 @@ class View:
     first: tuple[float, int] | None = None  # (Unix time, step) of the first metrics seen
     rate: float | None = None  # steps per second
     estimated_finish: float | None = None  # the API's, Unix seconds
+    useful_rate: float | None = None  # tokens that carry loss, per second
+    padding: float | None = None  # padding's share of the positions computed
     source: str = ""
     seq: int = 0
 
@@ -84,6 +86,7 @@ class View:
             self.step = metrics["step"]
         if isinstance(metrics.get("total_steps"), int):
             self.total = metrics["total_steps"]
+        self._throughput(metrics)
         finish = job.get("estimated_finish")
         self.estimated_finish = float(finish) if isinstance(finish, int | float) else None
 
@@ -117,6 +120,7 @@ class View:
                 self.total = total
             if isinstance(loss, int | float):
                 self.losses.append(float(loss))
+            self._throughput(data)
             return None
         if kind == "log":
             self.logs.append(Text(message))
@@ -127,12 +131,23 @@ class View:
         self.logs.append(Text(f"{kind}: {message}", style=style))
         return f"{kind}: {message}"
 
+    def _throughput(self, metrics: dict[str, Any]) -> None:
+        useful, padding = metrics.get("useful_tokens_per_second"), metrics.get("padding_share")
+        if isinstance(useful, int | float) and not isinstance(useful, bool):
+            self.useful_rate = float(useful)
+        if isinstance(padding, int | float) and not isinstance(padding, bool):
+            self.padding = float(padding)
+
     def progress_line(self) -> str:
         parts = []
         if self.step is not None:
             parts.append(f"step {self.step}/{self.total or '?'}")
         if self.losses:
             parts.append(f"loss {self.losses[-1]:.4f}")
+        if self.useful_rate is not None:
+            parts.append(f"{self.useful_rate:,.0f} useful tok/s")
+        if self.padding is not None:
+            parts.append(f"{self.padding:.0%} padding")
         eta = self.eta()
         if eta is not None and self.status == "running":
             parts.append(f"ETA {duration(eta)}")

@@ -15,6 +15,7 @@ def test_the_live_view_shows_status_progress_eta_loss_and_the_last_logs() -> Non
     view = View("ftjob-v", status="running")
     for step, loss in enumerate([3.0, 2.5, 2.0, 1.8, 1.2], start=1):
         view.apply("metrics", {"data": {"step": step, "total_steps": 10, "loss": loss}})
+    view.apply("metrics", {"data": {"useful_tokens_per_second": 1612.4, "padding_share": 0.145}})
     for n in range(8):
         view.apply("log", {"message": f"line {n}", "data": {}})
     view.rate = 1.0  # steps per second
@@ -23,6 +24,7 @@ def test_the_live_view_shows_status_progress_eta_loss_and_the_last_logs() -> Non
     text = screen.getvalue()
     assert "ftjob-v" in text and "running" in text
     assert "step 5/10" in text and "loss 1.2000" in text and "ETA 5s" in text
+    assert "1,612 useful tok/s" in text and "14% padding" in text
     assert sparkline([3.0, 2.5, 2.0, 1.8, 1.2]) in text
     assert "line 7" in text and "line 1" not in text  # the last few log lines only
 

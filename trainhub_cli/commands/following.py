@@ -93,7 +93,8 @@ def watch_options(f: Any) -> Any:
 @watch_options
 @json_option
 def watch(job_id: str, stream: bool, interval: float, timeout: float | None, logs: bool) -> None:
-    """Follow a job to its end: status, step/total, ETA, loss sparkline, last log lines.
+    """Follow a job to its end: status, step/total, ETA, useful tokens/s and padding, loss
+    sparkline, last log lines.
 
     \b
     Exit code: 0 succeeded, 10 failed, 11 cancelled, 12 paused, 8 --timeout ran out.
