@@ -56,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -540,7 +541,7 @@ def collect(
         "lost": sum(1 for s in statuses if s not in ("succeeded", "failed", "cancelled")),
         "verified_adapters": Artifact.objects.filter(job__public_id__in=ids, verified=True).count(),
         "attempts": len(attempts),
-        "end_reasons": _count(a.end_reason or "live" for a in attempts),
+        "end_reasons": dict(sorted(Counter(a.end_reason or "live" for a in attempts).items())),
         "spot_launches": cloud.launch_capacities.count("spot"),
         "launches": len(cloud.launch_capacities),
         "interrupted": sum(1 for m in cloud.machines.values() if m.interrupt_at < math.inf),
@@ -554,13 +555,6 @@ def collect(
         "ideal_on_demand": ideal,
         "wall_seconds": ran,
     }
-
-
-def _count(values: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 def report(r: dict[str, Any]) -> bool:

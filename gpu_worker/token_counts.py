@@ -18,7 +18,7 @@ counts instead of restarting them. The Trainer's own ``num_input_tokens_seen`` i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpu_worker.formatting import IGNORE_INDEX
@@ -39,6 +39,9 @@ class TokenCounts:
         self.tokens += other.tokens
         self.useful += other.useful
         self.positions += other.positions
+
+    def copy(self) -> TokenCounts:
+        return replace(self)
 
     def minus(self, other: TokenCounts) -> TokenCounts:
         return TokenCounts(
@@ -100,7 +103,7 @@ def make_token_counter() -> Any:
             if isinstance(filed, dict):
                 filed[_STATE_NAME] = self.state()
             self.pending = TokenCounts()
-            self.session_start = TokenCounts(**asdict(self.total))
+            self.session_start = self.total.copy()
             state.num_input_tokens_seen = self.total.tokens
 
         def on_step_end(

@@ -133,7 +133,7 @@ def make_callback(
             if "loss" in logs:
                 now, total = time.monotonic(), counter.total
                 done, seconds = total.minus(self._last), now - self._t
-                self._t, self._last = now, TokenCounts(total.tokens, total.useful, total.positions)
+                self._t, self._last = now, total.copy()
                 reporter.metrics(
                     step=state.global_step,
                     total_steps=state.max_steps,

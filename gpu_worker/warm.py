@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -210,7 +211,7 @@ class WarmExecutor:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, 9)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
     def _close_fd(self) -> None:
