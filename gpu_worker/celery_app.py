@@ -33,11 +33,11 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
-from gpu_worker import celery_conf as cc
 from gpu_worker import node as node_settings
 from gpu_worker import supervisor
 from gpu_worker.model_cache import ModelCache
 from gpu_worker.node_api import NodeApi
+from trainhub_contract import celery_conf as cc
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ once a later attempt started, this one's uploads are refused (409) or never read
 A checkpoint is what ``transformers.Trainer`` writes for ``resume_from_checkpoint``: adapter
 weights, optimizer, scheduler, RNG states and ``trainer_state.json`` (global step, log
 history). It travels in the same manifest-first tar as the adapter bundle
-(:mod:`gpu_worker.bundle`), so a truncated or corrupted checkpoint is detected by its hashes
+(:mod:`trainhub_contract.bundle`), so a truncated or corrupted checkpoint is detected by its hashes
 before anything is extracted, and extraction writes only the plain files the manifest lists.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_worker import transfer
-from gpu_worker.bundle import MANIFEST, BundleError, verify_bundle, write_bundle
 from gpu_worker.errors import ExecutorError
+from trainhub_contract.bundle import MANIFEST, BundleError, verify_bundle, write_bundle
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter

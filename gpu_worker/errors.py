@@ -4,12 +4,12 @@ Reasons are the string values of ``jobs.states.EndReason`` (the control plane's 
 package cannot import Django code, so the values are repeated here and a test keeps them in
 step). A failed ``status`` event carries the reason as ``data.code``.
 
-Outcomes and exit codes by name: ``gpu_worker.outcomes``.
+Outcomes and exit codes by name: ``trainhub_contract.outcomes``.
 """
 
 from __future__ import annotations
 
-from gpu_worker.outcomes import ExitCode, Outcome
+from trainhub_contract.outcomes import ExitCode, Outcome
 
 INVALID_DATASET = "invalid_dataset"
 INVALID_MODEL = "invalid_model"

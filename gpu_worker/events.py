@@ -1,5 +1,5 @@
 """The executor's event vocabulary and how a value becomes part of an event: what
-``jobs.services.events.clean_executor_event`` accepts on the control plane's side."""
+``jobs.services.core.events.clean_executor_event`` accepts on the control plane's side."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ EVENT_TYPES = frozenset(
 )
 LEVELS = ("debug", "info", "warning", "error")
 _LEVEL_ALIASES = {"warn": "warning", "critical": "error", "fatal": "error", "exception": "error"}
-# The control plane stores at most this much of a message (jobs.services.events.MAX_MESSAGE_CHARS).
+# The control plane stores at most this much of a message (jobs.services.core.events.MAX_MESSAGE_CHARS).
 MAX_MESSAGE_CHARS = 4000
 
 

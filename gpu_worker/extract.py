@@ -35,7 +35,7 @@ DEFAULT_MAX_RATIO = 200
 # Below this, a high ratio is just a small file that compresses well.
 RATIO_FLOOR_BYTES = 16 * 1024**2
 # A header's data (PAX records, a GNU long name) is held in memory to be parsed; real ones are
-# a few hundred bytes. Same cap as gpu_worker.bundle.MAX_HEADER_BYTES.
+# a few hundred bytes. Same cap as trainhub_contract.bundle.MAX_HEADER_BYTES.
 MAX_HEADER_BYTES = 64 * 1024
 _HEADER_TYPES = (
     tarfile.XHDTYPE,

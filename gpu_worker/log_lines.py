@@ -14,7 +14,7 @@ class LogLimits:
 
     A token bucket: ``burst`` lines at once, then ``lines_per_second``; at most ``max_lines``
     in an attempt. The control plane keeps at most 50,000 events an attempt
-    (jobs.services.events.MAX_EVENTS_PER_ATTEMPT) for metrics, checkpoints and logs together,
+    (jobs.services.core.events.MAX_EVENTS_PER_ATTEMPT) for metrics, checkpoints and logs together,
     so logs take a tenth of that. A carriage-return progress display (tqdm) is one line every
     ``progress_seconds``. What the caps drop is counted and said in a summary event every
     ``summary_seconds`` (and at the end).

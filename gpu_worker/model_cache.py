@@ -33,11 +33,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from gpu_worker.spec import SpecError, validate_model_name
+from trainhub_contract.spec import SpecError, validate_model_name
 
 log = logging.getLogger(__name__)
 
-# The control plane refuses a longer list or name (jobs.services.nodes): a job's model is at
+# The control plane refuses a longer list or name (jobs.services.fleet.nodes): a job's model is at
 # most 300 characters (TrainingJob.model), so a longer name could never match one.
 MAX_MODELS = 256
 MAX_NAME = 300

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from gpu_worker import celery_conf, model_cache
+from gpu_worker import model_cache
+from trainhub_contract import celery_conf
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
 _OFF = ("0", "false", "no", "off")

@@ -27,8 +27,8 @@ from typing import Any
 import requests
 
 from gpu_worker.node import NodeConfig
-from gpu_worker.outcomes import StopMode
 from gpu_worker.retrying import RetryPolicy
+from trainhub_contract.outcomes import StopMode
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_worker import checkpoints
-from gpu_worker.bundle import FORMAT_VERSION, write_bundle
 from gpu_worker.formatting import FormatStats
 from gpu_worker.trainer import rate, to_float
+from trainhub_contract.bundle import FORMAT_VERSION, write_bundle
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 
 def final_metrics(

@@ -40,7 +40,7 @@ from gpu_worker.formatting import IGNORE_INDEX, PadCollator, pad_token_id
 from gpu_worker.token_counts import REAL_TOKENS_KEY
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 PACKED, LENGTH_GROUPED, PADDED = "packed", "length_grouped", "padded"
 # An example inside a packed row must match itself alone far more closely than it matches itself

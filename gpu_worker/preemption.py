@@ -4,7 +4,7 @@ inside the executor.
 Once a notice is up, the run stops like a pause: the Trainer saves the last finished step at
 the next step boundary and it is uploaded to the attempt's checkpoint slot at once (the usual
 checkpoint path, gpu_worker.checkpoints). The run then ends ``failed`` with reason
-``preempted`` and exit code 5 (gpu_worker.outcomes.ExitCode.PREEMPTED); the control plane
+``preempted`` and exit code 5 (trainhub_contract.outcomes.ExitCode.PREEMPTED); the control plane
 retries that reason, so the job goes back to ``queued`` and its next attempt resumes from the
 newest sealed checkpoint. A machine that goes before its checkpoint is out needs nothing more:
 its lease expires as for any lost machine.
@@ -58,12 +58,12 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker.outcomes import StopMode
-from gpu_worker.spec_schema import PREEMPTION_NOTICES
+from trainhub_contract.outcomes import StopMode
+from trainhub_contract.spec_schema import PREEMPTION_NOTICES
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 MASK = "***"
 # Shorter values are not treated as secrets: masking every "1" or "true" would shred the text.

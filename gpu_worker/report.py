@@ -16,7 +16,7 @@ returned, so a failed batch is re-sent (identical, the ``seq`` is fixed at creat
 control plane drops duplicates keyed on ``(attempt, seq)``. Each sink has its own backlog, so a
 dead broker does not hold back the JSON-lines file.
 
-Event shape (what ``jobs.services.events.clean_executor_event`` accepts)::
+Event shape (what ``jobs.services.core.events.clean_executor_event`` accepts)::
 
     {"seq": 7, "type": "metrics", "level": "info", "message": "step 7/100 loss=1.234",
      "data": {"step": 7, "total_steps": 100, "loss": 1.234}, "ts": 1767225600.123}
@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any
 from gpu_worker.delivery import Channel
 from gpu_worker.events import MAX_MESSAGE_CHARS, jsonable, metrics_message
 from gpu_worker.events import level as event_level
-from gpu_worker.outcomes import Outcome
 from gpu_worker.report_settings import report_settings
 from gpu_worker.sinks import HttpSink, JsonlSink, MemorySink, RunpodSink, Sink
+from trainhub_contract.outcomes import Outcome
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 __all__ = ["HttpSink", "JsonlSink", "MemorySink", "Reporter", "RunpodSink", "Sink"]
 log = logging.getLogger(__name__)

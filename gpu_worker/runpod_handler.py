@@ -32,10 +32,10 @@ from typing import Any
 
 from gpu_worker.errors import CANCELLED, INTERNAL_ERROR
 from gpu_worker.logcapture import LogCapture
-from gpu_worker.outcomes import Outcome
 from gpu_worker.redaction import Redactor, secret_values
 from gpu_worker.report import Reporter, RunpodSink
-from gpu_worker.spec import JobSpec, SpecError, parse_job_spec
+from trainhub_contract.outcomes import Outcome
+from trainhub_contract.spec import JobSpec, SpecError, parse_job_spec
 
 log = logging.getLogger(__name__)
 

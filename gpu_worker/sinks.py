@@ -95,7 +95,7 @@ class HttpSink:
 
     def send(self, job_id: str, attempt: int, events: list[dict[str, Any]]) -> None:
         # A backlog after an outage goes in parts the control plane stores whole (it keeps at
-        # most jobs.services.events.MAX_EVENTS_PER_BATCH routine events from one request).
+        # most jobs.services.core.events.MAX_EVENTS_PER_BATCH routine events from one request).
         for start in range(0, len(events), HTTP_BATCH):
             part = events[start : start + HTTP_BATCH]
             resp = self._session.post(self.url, json={"events": part}, timeout=self._timeout)

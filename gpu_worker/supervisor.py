@@ -42,9 +42,9 @@ from typing import Any
 from gpu_worker.errors import INTERNAL_ERROR
 from gpu_worker.node import NodeConfig
 from gpu_worker.node_api import NodeApi, checked_ids, events_url
-from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.sinks import HttpSink
 from gpu_worker.warm import WarmExecutor
+from trainhub_contract.outcomes import ExitCode, Outcome, StopMode
 
 log = logging.getLogger(__name__)
 

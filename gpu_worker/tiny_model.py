@@ -18,9 +18,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpu_worker.datasets import DEMO_DATASET_PATH
 from gpu_worker.formatting import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
 
+# The bundled demo chat data: the tokenizer is trained on it, and the demo and tests train on it.
+DEMO_DATASET_PATH = Path(__file__).parent / "data" / "demo_chat.jsonl"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 VOCAB_SIZE = 512
 MAX_POSITIONS = 512

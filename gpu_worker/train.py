@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_worker import backends, checkpoints, preemption, transfer
 from gpu_worker.backends.loading import is_oom
-from gpu_worker.bundle import BundleError
-from gpu_worker.datasets import DatasetError, detect_format, iter_examples
 from gpu_worker.errors import (
     CANCELLED,
     INTERNAL_ERROR,
@@ -56,13 +54,15 @@ from gpu_worker.formatting import (
     FormatStats,
     encode_examples,
 )
-from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.packaging import final_metrics, package_adapter
 from gpu_worker.trainer import StopGuard, StopProbe, build_trainer, train_with_oom_hint
+from trainhub_contract.bundle import BundleError
+from trainhub_contract.datasets import DatasetError, detect_format, iter_examples
+from trainhub_contract.outcomes import ExitCode, Outcome, StopMode
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
-    from gpu_worker.spec import DatasetRef, JobSpec
+    from trainhub_contract.spec import DatasetRef, JobSpec
 
 log = logging.getLogger(__name__)
 

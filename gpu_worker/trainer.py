@@ -21,13 +21,13 @@ from gpu_worker.errors import (
     ExecutorError,
     Preempted,
 )
-from gpu_worker.outcomes import StopMode
 from gpu_worker.packing import choose_batching
 from gpu_worker.token_counts import TokenCounts, counting_trainer, make_token_counter
+from trainhub_contract.outcomes import StopMode
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

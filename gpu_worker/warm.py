@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gpu_worker.outcomes import ExitCode
+from trainhub_contract.outcomes import ExitCode
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ plane (with its full-access user) keeps one ACL user per node, ``trainhub-node-<
 - password: the node's token, given to Redis as its SHA-256 (``#<hex>``), which is exactly what
   the database stores, so the plain token is never needed again;
 - keys: the node's queue list, its priority levels and kombu's binding set for it
-  (gpu_worker.celery_conf.node_broker_keys); no pub/sub channel at all;
+  (trainhub_contract.celery_conf.node_broker_keys); no pub/sub channel at all;
 - commands: what a consuming kombu worker uses (BRPOP and friends), nothing that lists,
   publishes to or administers anything else.
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import redis
 from django.conf import settings
 
-from gpu_worker import celery_conf as cc
+from trainhub_contract import celery_conf as cc
 
 log = logging.getLogger(__name__)
 

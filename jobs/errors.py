@@ -72,3 +72,10 @@ class ProviderUnavailable(ServiceError):
 
     http_status = 502
     error_type = "server_error"
+
+
+def error_body(
+    message: str, *, type: str, code: str | None = None, param: str | None = None
+) -> dict:
+    """The one shape of an error response (OpenAI's): the API and the transfer routes use it."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}

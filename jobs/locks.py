@@ -6,22 +6,14 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from functools import cache
 from typing import ParamSpec
 
 import redis
-from django.conf import settings
 
-from trainhub import embedded
+from trainhub.shared_redis import redis_client
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
-
-
-@cache
-def redis_client() -> redis.Redis:
-    url = embedded.redis_py_url(settings.TRAINHUB_LOCK_REDIS_URL)
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 @contextlib.contextmanager

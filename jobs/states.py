@@ -1,6 +1,6 @@
 """Job statuses and the allowed transitions: pure data, no Django.
 
-This is DESIGN's status table. ``jobs.services.jobs.job_transition`` is the only writer of a
+This is DESIGN's status table. ``jobs.services.core.jobs.job_transition`` is the only writer of a
 job's status and consults nothing but this module.
 """
 

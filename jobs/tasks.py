@@ -12,25 +12,15 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from gpu_worker import celery_conf as cc
 from jobs.locks import single_runner
-from jobs.services import (
-    artifacts,
-    attempts,
-    dispatch,
-    files,
-    launch,
-    messages,
-    nodes,
-    notifications,
-    placement,
-    polling,
-    reconcile,
-    retention,
-    stopping,
-    webhook_delivery,
-)
+from jobs.services.cloud import launch, polling, reconcile
+from jobs.services.core import artifacts, attempts, files, retention, stopping
+from jobs.services.fleet import nodes
+from jobs.services.outbound import notifications, webhook_delivery
+from jobs.services.outbox import messages
+from jobs.services.scheduling import dispatch, placement
 from providers import registry
+from trainhub_contract import celery_conf as cc
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def shared_limiter(
 ) -> RateLimiter:
     """The limiter every process of this installation shares (the lock Redis); with
     ``api_key``, the buckets of that account only."""
-    from jobs.locks import redis_client  # lazy: the control plane's Redis settings
+    from trainhub.shared_redis import redis_client  # lazy: the control plane's Redis settings
 
     return RateLimiter(
         redis_client(), provider=provider, limits=limits, account=account_tag(api_key)

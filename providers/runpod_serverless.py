@@ -21,7 +21,7 @@ Duplicate runs: a ``/run`` whose answer was lost may still have queued a job, an
 then submitted again, so RunPod can run the attempt twice. The API cannot list an endpoint's
 jobs (only ``/health`` counts them), and a status call names only the job asked for, so the
 duplicate's id is first seen in its webhook (the body is the job's ``/status`` object):
-``jobs.services.webhooks`` notes a job id no attempt owns, and the reconciler cancels it through
+``jobs.services.cloud.provider_webhooks`` notes a job id no attempt owns, and the reconciler cancels it through
 ``cancel`` here (idempotent: a finished or unknown job is fine) and counts it.
 """
 

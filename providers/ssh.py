@@ -6,6 +6,7 @@ after the control plane crashed and restarted::
 
     remote_dir/
       code/gpu_worker/  the executor, uploaded from this checkout (the image need not carry it)
+      code/trainhub_contract/  what the executor shares with the control plane, uploaded with it
       code/requirements/ its pinned requirements (for a setup command that installs them)
       spec.json         the job spec, mode 0600: it holds signed URLs
       pid               the detached run's pid (= its process group); its presence means started
@@ -51,6 +52,7 @@ from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import gpu_worker
+import trainhub_contract
 from providers.base import SshAddress
 from providers.errors import PermanentProviderError, ProviderError, TransientProviderError
 
@@ -129,10 +131,13 @@ class _BudgetedSocket:
 
 @functools.cache
 def _code_tar() -> bytes:
-    """The local gpu_worker package as a gzipped tar (built once per process)."""
+    """The local executor (gpu_worker and the contract it imports) as a gzipped tar (built once
+    per process)."""
     buf, source = io.BytesIO(), Path(gpu_worker.__file__).parent
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(source, "gpu_worker", filter=lambda i: None if "__pycache__" in i.name else i)
+        for package in (gpu_worker, trainhub_contract):
+            folder = Path(str(package.__file__)).parent
+            tar.add(folder, folder.name, filter=lambda i: None if "__pycache__" in i.name else i)
         # The executor's pinned requirements, for a setup command that installs them.
         for name in ("executor.txt", "gpu.txt"):
             tar.add(source.parent / "requirements" / name, f"requirements/{name}")
@@ -403,7 +408,7 @@ class RemoteExecutor:
         return [e for e in events if isinstance(e, dict)], offset + end + 1
 
     def exit_code(self) -> int | None:
-        """The executor's exit code (gpu_worker.outcomes.ExitCode), None while it has not exited."""
+        """The executor's exit code (trainhub_contract.outcomes.ExitCode), None while it has not exited."""
         data = self._read("exit_code", MAX_EXIT_CODE_BYTES)  # by rename: complete once there
         text = data.strip() if data else b""
         # A shell's exit status is 0-255; anything else is not an exit we know of.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
-from gpu_worker.datasets import DEMO_DATASET_PATH
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
 from tests._processes import ROOT, STREAM_BUFFER_MESSAGES, database_url, procfile_command
 
 _real_connect = socket.socket.connect
@@ -172,7 +172,7 @@ def user(make_user):
 
 @pytest.fixture
 def project(user):
-    from jobs.services.projects import project_default_for_user
+    from jobs.services.accounts.projects import project_default_for_user
 
     return project_default_for_user(user=user)
 
@@ -180,7 +180,7 @@ def project(user):
 @pytest.fixture
 def make_client(db) -> Callable[..., APIClient]:
     """An API client authenticated with a fresh bearer key of ``user``."""
-    from jobs.services.projects import api_key_create
+    from jobs.services.accounts.projects import api_key_create
 
     def make(user, project=None) -> APIClient:
         _, raw = api_key_create(user=user, name="test", project=project)
@@ -204,7 +204,7 @@ def demo_dataset() -> bytes:
 @pytest.fixture
 def make_file(db, project, user):
     """Store and validate a training file through the services (no broker involved)."""
-    from jobs.services.files import file_create, file_validate
+    from jobs.services.core.files import file_create, file_validate
 
     def make(content: bytes | None = None, *, proj=None, validate: bool = True):
         body = DEMO_DATASET_PATH.read_bytes() if content is None else content
@@ -222,7 +222,7 @@ def make_file(db, project, user):
 @pytest.fixture
 def make_job(db, project, user, make_file):
     """A job created through job_create (files validated, so it lands in ``queued``)."""
-    from jobs.services.jobs import job_create
+    from jobs.services.core.jobs import job_create
 
     def make(proj=None, **fields):
         proj = proj or project

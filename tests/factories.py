@@ -33,7 +33,7 @@ from jobs.states import JobStatus
 from providers.base import Offer
 
 # What job_create fills in for a request that names no adapter or hyperparameters
-# (gpu_worker.spec's defaults), so a factory job looks like a submitted one.
+# (trainhub_contract.spec's defaults), so a factory job looks like a submitted one.
 DEFAULT_ADAPTER: dict[str, Any] = {
     "type": "lora",
     "r": 16,

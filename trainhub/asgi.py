@@ -2,7 +2,7 @@
 
     uvicorn trainhub.asgi:application --port 8001
 
-See jobs/live/ and docs/ARCHITECTURE.md (Live updates) for why this is its own process.
+See api/live/ and docs/ARCHITECTURE.md (Live updates) for why this is its own process.
 """
 
 import os
@@ -14,6 +14,6 @@ django.setup()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402 (after django.setup())
 
-from jobs.live.routing import StreamHttp, websocket_routes  # noqa: E402
+from api.live.routing import StreamHttp, websocket_routes  # noqa: E402
 
 application = ProtocolTypeRouter({"http": StreamHttp(), "websocket": websocket_routes})

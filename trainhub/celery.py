@@ -11,7 +11,7 @@ import redis
 from celery import Celery
 from celery.signals import beat_init, task_prerun
 
-from gpu_worker import celery_conf
+from trainhub_contract import celery_conf
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "trainhub.settings")
 
@@ -67,7 +67,7 @@ def _refuse_second_beat(sender: object = None, **_: object) -> None:
     The lock is a Redis key with a TTL refreshed by a daemon thread, so a beat that dies
     frees it within a minute.
     """
-    from jobs.locks import redis_client
+    from trainhub.shared_redis import redis_client
 
     client = redis_client()
     owner = f"{socket.gethostname()}:{os.getpid()}"

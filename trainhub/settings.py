@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from gpu_worker import celery_conf
 from providers.registry import CREDENTIAL_KINDS
 from trainhub import embedded
+from trainhub_contract import celery_conf
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -38,6 +38,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc files, served by us (no CDN)
     "jobs",
+    "api",  # the REST and OpenAI-compatible API, the node API, live streams (no models)
+    "console",  # the admin and its dashboard (registers the jobs models)
 ]
 
 MIDDLEWARE = [
@@ -46,7 +48,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "jobs.api.middleware.one_value_per_query_parameter",
+    "api.middleware.one_value_per_query_parameter",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -132,7 +134,7 @@ TRAINHUB_PROJECT_MAX_FILES = env.int("TRAINHUB_PROJECT_MAX_FILES", default=1000)
 # refuses a body whose Content-Length is over the limit before reading it, and stops reading
 # as soon as the file passes the limit, before the other handlers store that chunk.
 FILE_UPLOAD_HANDLERS = [
-    "jobs.api.uploads.UploadLimitHandler",
+    "api.uploads.UploadLimitHandler",
     "django.core.files.uploadhandler.MemoryFileUploadHandler",
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
@@ -294,7 +296,7 @@ TRAINHUB_NODE_OFFLINE_SECONDS = env.int("TRAINHUB_NODE_OFFLINE_SECONDS", default
 # vanished with a Redis restart); a duplicate delivery is refused by the claim.
 TRAINHUB_DISPATCH_RESEND_SECONDS = env.int("TRAINHUB_DISPATCH_RESEND_SECONDS", default=30)
 
-# --- Outbound webhooks (jobs/services/webhook_delivery.py, docs/SECURITY.md) -----------------
+# --- Outbound webhooks (jobs/services/outbound/webhook_delivery.py, docs/SECURITY.md) -----------------
 # Endpoint URLs must be https:// unless this is on (a lab behind a firewall, tests).
 TRAINHUB_WEBHOOK_ALLOW_HTTP = env.bool("TRAINHUB_WEBHOOK_ALLOW_HTTP", default=False)
 # CIDRs a webhook may reach although they are not public (loopback, private, link-local, …),
@@ -315,7 +317,7 @@ TRAINHUB_WEBHOOK_DISABLE_AFTER_SECONDS = env.int(
 # CA bundle for https endpoints (PEM); empty: certifi's, as requests uses.
 TRAINHUB_WEBHOOK_CA_BUNDLE = env.str("TRAINHUB_WEBHOOK_CA_BUNDLE", default="")
 
-# --- Email notifications (jobs/services/notifications.py) -------------------------------------
+# --- Email notifications (jobs/services/outbound/notifications.py) -------------------------------------
 # A job's creator is emailed when the job succeeds, fails or is cancelled. Without EMAIL_HOST
 # nothing is sent (Django's dummy backend); EMAIL_BACKEND overrides the choice, e.g.
 # django.core.mail.backends.console.EmailBackend to see the mails in the worker's output.
@@ -347,7 +349,7 @@ TRAINHUB_LOCK_REDIS_URL = env.str("TRAINHUB_LOCK_REDIS_URL", default="") or CELE
 # Flower (Procfile ``flower``, trainhub/flower.py) as operators reach it; linked from the admin.
 TRAINHUB_FLOWER_URL = env.str("TRAINHUB_FLOWER_URL", default="http://127.0.0.1:5555/")
 
-# --- Live updates (jobs/live/, the stream process) ------------------------------------------
+# --- Live updates (api/live/, the stream process) ------------------------------------------
 # Where clients reach the stream process (told by the web process's answer to ?stream=true).
 TRAINHUB_STREAM_URL = env.str("TRAINHUB_STREAM_URL", default="")
 # The channel layer carries each stored event to the stream processes' watchers (Redis pub/sub).
@@ -374,14 +376,14 @@ CHANNEL_LAYERS = {
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "jobs.api.auth.ApiKeyAuthentication",
+        "api.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-    "DEFAULT_THROTTLE_CLASSES": ["jobs.api.auth.ApiRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["api.auth.ApiRateThrottle"],
 }
 # Requests per API key (a browser session: per user), counted in Redis across web workers;
 # "<n>/<second|minute|hour|day>" or "off". Over it: 429 with Retry-After.
@@ -399,9 +401,9 @@ SPECTACULAR_SETTINGS = {
     # 3.1: JSON Schema 2020-12, so the executor spec's own schemas (adapter, hyperparameters)
     # are the API's components as they are.
     "OAS_VERSION": "3.1.0",
-    "PREPROCESSING_HOOKS": ["jobs.api.schema.canonical_paths_only"],
+    "PREPROCESSING_HOOKS": ["api.schema.canonical_paths_only"],
     # Enums stay inline: a shared component per enum would merge the many "object"/"type" fields.
-    "POSTPROCESSING_HOOKS": ["jobs.api.schema.closed_request_bodies"],
+    "POSTPROCESSING_HOOKS": ["api.schema.closed_request_bodies"],
     # Swagger UI and Redoc from drf-spectacular-sidecar's files, not a CDN: the docs work offline.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -1,7 +1,8 @@
 """The adapter bundle, checked and unpacked on the user's machine without trusting it.
 
-The format (docs/ARCHITECTURE.md, Storage and artifacts): an uncompressed tar whose first
-member is ``manifest.json`` = ``{"format": 1, "files": [{"path", "size", "sha256"}, ...]}``.
+The format (trainhub_contract.bundle, shared with the executor and the control plane): an
+uncompressed tar whose first member is ``manifest.json`` =
+``{"format": 1, "files": [{"path", "size", "sha256"}, ...]}``.
 Every other member must be a regular file listed there, once, with that size and SHA-256;
 absolute paths, ``..``, links, devices and anything unlisted are refused, naming the member.
 Files are written into a temporary folder beside the destination that is renamed into place
@@ -11,26 +12,23 @@ only when everything matched, so a refused bundle leaves nothing behind.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tarfile
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from trainhub_cli.errors import CliError, ExitCode
+from trainhub_contract import bundle
+from trainhub_contract.bundle import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    BundleError,
+    BundleFile,
+    member_path,
+)
 
-MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class ManifestFile:
-    path: str
-    size: int
-    sha256: str
 
 
 def refuse(message: str, member: str | None = None) -> CliError:
@@ -39,36 +37,22 @@ def refuse(message: str, member: str | None = None) -> CliError:
 
 
 def safe_relative(name: str) -> PurePosixPath:
-    """The member's path inside the destination, or a refusal (absolute, ``..``, drive)."""
-    if not name or "\\" in name or "\x00" in name:
-        raise refuse("a name with a backslash or NUL, or empty", name or "(empty)")
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or ":" in path.parts[0]:
-        raise refuse("an absolute path or one that climbs out of the folder (..)", name)
-    parts = [p for p in path.parts if p not in ("", ".")]
-    if not parts:
-        raise refuse("names no file", name)
-    return PurePosixPath(*parts)
+    """The member's path inside the destination, or a refusal (the contract's rule)."""
+    path = member_path(name)
+    if path is None:
+        raise refuse(
+            "an empty name, a backslash or NUL, an absolute path or one that climbs out of the "
+            "folder (..)",
+            name or "(empty)",
+        )
+    return path
 
 
-def parse_manifest(raw: bytes) -> dict[str, ManifestFile]:
+def parse_manifest(raw: bytes) -> dict[str, BundleFile]:
     try:
-        doc = json.loads(raw)
-        entries = [
-            ManifestFile(str(e["path"]), int(e["size"]), str(e["sha256"]).lower())
-            for e in doc["files"]
-        ]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise refuse(f"not a valid manifest ({exc})", MANIFEST) from None
-    found: dict[str, ManifestFile] = {}
-    for entry in entries:
-        key = str(safe_relative(entry.path))
-        if key in found or key == MANIFEST:
-            raise refuse("listed twice in the manifest", entry.path)
-        if entry.size < 0:
-            raise refuse("a negative size in the manifest", entry.path)
-        found[key] = entry
-    return found
+        return bundle.parse_manifest(raw)
+    except BundleError as exc:
+        raise refuse(exc.message, exc.member) from None
 
 
 def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> str:
@@ -85,7 +69,7 @@ def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -
     return digest.hexdigest()
 
 
-def extract_bundle(bundle: Path, dest: Path) -> list[ManifestFile]:
+def extract_bundle(bundle: Path, dest: Path) -> list[BundleFile]:
     """Verify ``bundle`` against its manifest while unpacking it into ``dest`` (which must not
     exist yet). Raises a CliError (exit 6) naming the first offending member."""
     if dest.exists():
@@ -105,7 +89,7 @@ def extract_bundle(bundle: Path, dest: Path) -> list[ManifestFile]:
     return files
 
 
-def _extract_into(bundle: Path, work: Path) -> list[ManifestFile]:
+def _extract_into(bundle: Path, work: Path) -> list[BundleFile]:
     try:
         tar = tarfile.open(bundle, mode="r:")  # noqa: SIM115 - closed by the `with` below
     except (tarfile.TarError, OSError) as exc:

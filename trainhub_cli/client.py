@@ -249,7 +249,7 @@ class Api:
         return found.group(1).rstrip("/") if found else None
 
 
-# jobs.api.views.JobEventListView's message: "…served by the stream process, at <URL>: connect…"
+# api.views.JobEventListView's message: "…served by the stream process, at <URL>: connect…"
 _STREAM_AT = re.compile(r"\bat (https?://\S+?):(?:\s|$)")
 
 

@@ -37,7 +37,7 @@ LOG_LINES = 6
 
 
 def stream_kind(event: dict[str, Any]) -> str:
-    """The stream's name for a listed event (jobs.services.live.stream_type): ``status`` is a
+    """The stream's name for a listed event (jobs.services.outbox.live.stream_type): ``status`` is a
     change of the job's status; an attempt's own status reports are ``attempt_status``."""
     kind = str(event.get("type") or "")
     data = _data(event)

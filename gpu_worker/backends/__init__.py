@@ -23,7 +23,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from gpu_worker.errors import INVALID_MODEL, OOM, ExecutorError
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 
 def model_reference(spec: JobSpec) -> str:

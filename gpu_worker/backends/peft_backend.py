@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_worker.backends.loading import hub_token, model_load_error, model_reference
 from gpu_worker.errors import INVALID_MODEL, ExecutorError
-from gpu_worker.spec import ALL_LINEAR
+from trainhub_contract.spec import ALL_LINEAR
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 
 def _dtype() -> Any:

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_worker.backends.loading import hub_token, model_load_error, model_reference
 from gpu_worker.errors import INVALID_MODEL, ExecutorError
-from gpu_worker.spec import ALL_LINEAR, DEFAULT_TARGET_MODULES
+from trainhub_contract.spec import ALL_LINEAR, DEFAULT_TARGET_MODULES
 
 if TYPE_CHECKING:
-    from gpu_worker.spec import JobSpec
+    from trainhub_contract.spec import JobSpec
 
 
 def load(spec: JobSpec) -> tuple[Any, Any]:

@@ -4,7 +4,7 @@ Rows are append-only: the model refuses to update or delete one, and so does the
 (triggers made by migration 0008, on PostgreSQL and SQLite alike). Nothing here points at
 another row with a foreign key, so deleting a user, a key, a node or a project never takes
 its history with it; objects are named by their public id or name instead. Entries are
-written by ``jobs.services.audit.audit_record`` only.
+written by ``jobs.services.accounts.audit.audit_record`` only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Outbound webhooks: a project's endpoints and every delivery made to them (with each try).
 
-Rows only; what is sent, when and how lives in ``jobs.services.webhook_outbox`` (which events
-make deliveries) and ``jobs.services.webhook_delivery`` (signing, the SSRF-checked POST,
+Rows only; what is sent, when and how lives in ``jobs.services.outbox.webhook_outbox`` (which events
+make deliveries) and ``jobs.services.outbound.webhook_delivery`` (signing, the SSRF-checked POST,
 retries, auto-disable).
 """
 

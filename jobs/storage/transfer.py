@@ -32,7 +32,7 @@ from django.core import signing
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from jobs.api.errors import error_body
+from jobs.errors import error_body
 from jobs.storage import configured, keys
 from jobs.storage.base import CHUNK_BYTES, HashMismatch, ObjectMissing, TooLarge
 from jobs.storage.grants import METHODS, SALT

@@ -22,11 +22,11 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from gpu_worker import celery_conf as cc
 from jobs.broker_acl import broker_user_delete
 from tests._processes import database_url, quiesce
 from tests.e2e._broker_watch import BrokerWatch
 from tests.jobs._api import upload
+from trainhub_contract import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_WORKER = f"control-{os.getpid()}"

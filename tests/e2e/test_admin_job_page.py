@@ -9,9 +9,9 @@ import re
 import pytest
 from django.test import Client
 
-from jobs.admin import charts
+from console.admin import charts
 from jobs.models import GpuNode, JobEvent, TrainingJob
-from jobs.services.nodes import node_create
+from jobs.services.fleet.nodes import node_create
 from tests.e2e.conftest import submit_tiny_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -36,14 +36,14 @@ import boto3
 import pytest
 from django.conf import settings
 
-from gpu_worker import celery_conf as cc
-from gpu_worker.bundle import verify_bundle
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services.projects import credential_create
+from jobs.services.accounts.projects import credential_create
 from tests.e2e.conftest import Process, submit_tiny_job, wait_for
 from tests.e2e.test_fleet import TRAIN_TIMEOUT
 from tests.fakes.imds import FakeImds, serve_imds
 from tests.jobs._api import download
+from trainhub_contract import celery_conf as cc
+from trainhub_contract.bundle import verify_bundle
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 TARGET = "aws"

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from gpu_worker import celery_conf as cc
-from gpu_worker.bundle import verify_bundle
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
-from jobs.services.attempts import attempts_expire_leases
-from jobs.services.nodes import node_create
+from jobs.services.core.attempts import attempts_expire_leases
+from jobs.services.fleet.nodes import node_create
 from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, submit_tiny_job, wait_for
 from tests.gpu_worker._hub_cache import SINGLE, hub_repo
 from tests.jobs._api import download
+from trainhub_contract import celery_conf as cc
+from trainhub_contract.bundle import verify_bundle
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -223,7 +223,7 @@ def test_an_attempt_whose_message_vanished_is_sent_again(
 ) -> None:
     """What a Redis restart does to a queued message, done by hand: the node dies unseen, the
     job is dispatched to it, its queue is emptied; the restarted node gets the attempt again."""
-    from jobs.services.dispatch import attempts_resend_unclaimed
+    from jobs.services.scheduling.dispatch import attempts_resend_unclaimed
     from trainhub.celery import app
 
     token = _node("node-v")

@@ -18,10 +18,10 @@ from django.conf import settings
 
 from devsupport.processes import free_port
 from devsupport.readiness import wait_http_ready
-from gpu_worker import celery_conf as cc
 from tests.e2e._broker_watch import SECRET
 from tests.e2e.conftest import Process
 from tests.jobs._api import upload
+from trainhub_contract import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGIN = ("ops", "flower-test-password")

@@ -15,9 +15,9 @@ from httpx_sse import connect_sse
 from websockets.asyncio.client import connect
 
 from jobs.models import GpuNode, JobEvent, TrainingJob
-from jobs.services.live import stream_type
-from jobs.services.nodes import node_create
-from jobs.services.projects import api_key_create
+from jobs.services.accounts.projects import api_key_create
+from jobs.services.fleet.nodes import node_create
+from jobs.services.outbox.live import stream_type
 from tests.e2e.conftest import submit_tiny_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -17,11 +17,11 @@ import openai
 import pytest
 from openai.types.fine_tuning import FineTuningJob, FineTuningJobEvent
 
-from gpu_worker.bundle import verify_bundle
 from jobs.models import Artifact, GpuNode, JobAttempt
-from jobs.services.nodes import node_create
-from jobs.services.projects import api_key_create
+from jobs.services.accounts.projects import api_key_create
+from jobs.services.fleet.nodes import node_create
 from tests.e2e.conftest import Process, wait_for
+from trainhub_contract.bundle import verify_bundle
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import WebhookAttempt, WebhookDelivery
-from jobs.services import webhook_delivery, webhook_endpoints
-from jobs.services.status import job_transition
+from jobs.services.core.status import job_transition
+from jobs.services.outbound import webhook_delivery, webhook_endpoints
 from jobs.states import JobStatus
 from tests.e2e.conftest import wait_for
 from tests.jobs._webhooks import receiving

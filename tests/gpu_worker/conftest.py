@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.datasets import DEMO_DATASET_PATH
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
 
 
 def _demo_records() -> list[dict[str, Any]]:
@@ -115,7 +115,7 @@ def run_executor(tmp_path: Path) -> Iterator[Callable[..., Outcome]]:
     MemorySink reporter; every call gets its own workdir under tmp_path."""
     from gpu_worker import train
     from gpu_worker.report import MemorySink, Reporter
-    from gpu_worker.spec import JobSpec, parse_job_spec
+    from trainhub_contract.spec import JobSpec, parse_job_spec
 
     counter = iter(range(1000))
 

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.bundle import MANIFEST, MAX_HEADER_BYTES, BundleError, verify_bundle, write_bundle
+from trainhub_contract.bundle import (
+    MANIFEST,
+    MAX_HEADER_BYTES,
+    BundleError,
+    verify_bundle,
+    write_bundle,
+)
 
 
 def _bundle(tmp: Path, files: dict[str, bytes]) -> bytes:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker import datasets
-from gpu_worker.datasets import (
-    DEMO_DATASET_PATH,
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
+from trainhub_contract import datasets
+from trainhub_contract.datasets import (
     MAX_REPORTED_ERRORS,
     DatasetError,
     DatasetReport,

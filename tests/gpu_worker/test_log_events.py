@@ -20,8 +20,8 @@ from gpu_worker.log_lines import LineAssembler, LogLimits
 from gpu_worker.logcapture import LogCapture
 from gpu_worker.redaction import Redactor, secret_values
 from gpu_worker.report import MemorySink, Reporter
-from gpu_worker.spec import parse_job_spec
 from tests.gpu_worker.conftest import spec_dict
+from trainhub_contract.spec import parse_job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 HF_TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
@@ -148,7 +148,7 @@ def test_signed_urls_and_secret_values_are_masked(executor_run: Any) -> None:
 def test_the_control_plane_stores_the_lines_and_lists_them(
     executor_run: Any, make_job, api
 ) -> None:
-    from jobs.services.attempts import attempt_record_events, attempt_start
+    from jobs.services.core.attempts import attempt_record_events, attempt_start
 
     _, events = executor_run
     job = make_job()

@@ -17,9 +17,9 @@ from gpu_worker.packing import (
     isolates_examples,
     pack_rows,
 )
-from gpu_worker.spec import parse_job_spec
 from gpu_worker.token_counts import REAL_TOKENS_KEY, batch_counts
 from tests.gpu_worker.conftest import _demo_records, spec_dict
+from trainhub_contract.spec import parse_job_spec
 
 PAD = 3
 
@@ -227,7 +227,7 @@ def test_packed_training_matches_padded_training_and_counts_every_label_token(
 ) -> None:
     """Same examples per optimizer step (batch 4 padded; batch 2 x 2 accumulation packed), same
     losses; the counts add up every micro-batch."""
-    from gpu_worker.datasets import iter_examples
+    from trainhub_contract.datasets import iter_examples
 
     path, _ = dataset_files["messages"]
     _, stats = encode_examples(list(iter_examples(path)), "messages", tok, 128)

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from gpu_worker import checkpoints, errors, preemption
-from gpu_worker.outcomes import ExitCode, Outcome, StopMode
 from gpu_worker.preemption import (
     INSTANCE_ACTION_PATH,
     TOKEN_HEADER,
@@ -28,10 +27,11 @@ from gpu_worker.preemption import (
     parse_rebalance,
 )
 from gpu_worker.report import MemorySink, Reporter
-from gpu_worker.spec import SpecError, parse_job_spec
 from gpu_worker.trainer import StopGuard
 from tests.fakes.imds import FakeImds, serve_imds
 from tests.gpu_worker.conftest import spec_dict
+from trainhub_contract.outcomes import ExitCode, Outcome, StopMode
+from trainhub_contract.spec import SpecError, parse_job_spec
 
 NOTICE = {"action": "terminate", "time": "2026-11-25T17:02:00Z"}
 

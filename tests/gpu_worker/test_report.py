@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import requests
 
-from gpu_worker.outcomes import Outcome
 from gpu_worker.report import (
     BATCH_SIZE,
     HttpSink,
@@ -24,8 +23,9 @@ from gpu_worker.report import (
     RunpodSink,
 )
 from gpu_worker.sinks import HTTP_BATCH
-from gpu_worker.spec import parse_job_spec
 from tests.gpu_worker._control import ControlPlane, control_fixture  # noqa: F401 - ``control``
+from trainhub_contract.outcomes import Outcome
+from trainhub_contract.spec import parse_job_spec
 
 EVENTS = "/api/v1/nodes/node-a/attempts/ftjob-test/2/events/"
 EVENT_KEYS = {"seq", "type", "level", "message", "data", "ts"}
@@ -487,7 +487,7 @@ def test_a_dead_control_plane_raises_fast_and_the_events_stay_queued() -> None:
 
 
 def test_every_event_kind_is_accepted_by_the_control_plane() -> None:
-    from jobs.services.events import clean_executor_event
+    from jobs.services.core.events import clean_executor_event
 
     sink = MemorySink()
     rep = make_reporter(sink, metrics_interval=0)

@@ -25,9 +25,9 @@ import runpod.serverless
 from runpod.serverless.modules import rp_job
 
 import gpu_worker
-from gpu_worker.datasets import DEMO_DATASET_PATH
-from gpu_worker.outcomes import Outcome
 from gpu_worker.runpod_handler import handler
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
+from trainhub_contract.outcomes import Outcome
 
 SHA = "ab" * 32
 
@@ -232,8 +232,8 @@ _HAS_TRAIN = importlib.util.find_spec("gpu_worker.train") is not None
     not _HAS_TRAIN, reason="gpu_worker/train.py (the executor's run()) is not in the tree yet"
 )
 def test_the_real_handler_trains_the_tiny_model_end_to_end(tmp_path: Path, progress: list) -> None:
-    from gpu_worker.bundle import verify_bundle
     from gpu_worker.tiny_model import build_tiny_model
+    from trainhub_contract.bundle import verify_bundle
 
     model_dir = build_tiny_model(tmp_path / "tiny")
     # A few demo conversations are enough to go through every stage; this test is about the

@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gpu_worker import spec
-from gpu_worker.spec import (
+from trainhub_contract import spec
+from trainhub_contract.spec import (
     DEFAULT_TARGET_MODULES,
     AdapterSpec,
     Hyperparameters,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.bundle import MANIFEST, verify_bundle
 from gpu_worker.checkpoints import file_sha256
 from tests.gpu_worker.conftest import spec_dict
+from trainhub_contract.bundle import MANIFEST, verify_bundle
 
 PROBE = "<|im_start|>user\nWhat colour is owl number 3?<|im_end|>\n<|im_start|>assistant\n"
 # The same weights in the same order give the same logits; measured 0.0 for all three (QLoRA
@@ -146,7 +146,7 @@ def test_trains_packages_and_reloads(
 def test_events_checkpoints_and_validation_loss(
     adapter: str, tiny_model_dir: Path, dataset_files: dict, run_executor: Any, tmp_path: Path
 ) -> None:
-    from jobs.services.events import clean_executor_event
+    from jobs.services.core.events import clean_executor_event
 
     spec = spec_dict(
         tiny_model_dir, dataset_files["text"], tmp_path / "out", fmt="text", adapter=adapter
@@ -171,7 +171,7 @@ def test_gradient_checkpointing_changes_memory_not_the_math(
     """The backend switches checkpointing on or off as the spec says; recomputing activations
     in the backward pass gives the same gradients, so the same seed gives the same losses."""
     from gpu_worker.backends import peft_backend
-    from gpu_worker.spec import parse_job_spec
+    from trainhub_contract.spec import parse_job_spec
 
     losses = {}
     for checkpointing in (True, False):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpu_worker import backends
-from gpu_worker.spec import JobSpec, parse_job_spec
 from tests.gpu_worker.conftest import spec_dict
+from trainhub_contract.spec import JobSpec, parse_job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpu_worker import errors, transfer
-from gpu_worker.outcomes import ExitCode, Outcome
-from gpu_worker.spec import parse_job_spec
 from tests.gpu_worker.conftest import spec_dict, write_jsonl
+from trainhub_contract.outcomes import ExitCode, Outcome
+from trainhub_contract.spec import parse_job_spec
 
 
 def _failed(run: Any, reason: str) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.bundle import verify_bundle
 from tests.gpu_worker.conftest import spec_dict
+from trainhub_contract.bundle import verify_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 

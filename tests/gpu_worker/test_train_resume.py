@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.outcomes import ExitCode
 from tests.gpu_worker.conftest import spec_dict
+from trainhub_contract.outcomes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 

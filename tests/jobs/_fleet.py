@@ -9,9 +9,9 @@ from typing import Any
 
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs.models import GpuNode, JobAttempt, TrainingJob
-from jobs.services import nodes
+from jobs.services.fleet import nodes
+from trainhub_contract import celery_conf as cc
 
 N = GpuNode.Status
 

@@ -17,7 +17,7 @@ from typing import Any
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from gpu_worker import celery_conf as cc
+from trainhub_contract import celery_conf as cc
 
 
 @dataclass

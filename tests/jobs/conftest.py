@@ -12,17 +12,17 @@ from typing import Any, NamedTuple
 import pytest
 from django.test import Client
 
-from gpu_worker.bundle import write_bundle
 from jobs import storage
-from jobs.locks import redis_client
 from jobs.models import Artifact, GpuNode, JobAttempt, TrainingJob
-from jobs.services import dispatch
-from jobs.services.artifacts import artifact_ingest
-from jobs.services.attempts import attempt_record_events, attempt_start
+from jobs.services.core.artifacts import artifact_ingest
+from jobs.services.core.attempts import attempt_record_events, attempt_start
+from jobs.services.scheduling import dispatch
 from providers import registry
 from tests.fakes.adapter import FakeAdapter, register_fake
 from tests.jobs._db import fresh
 from tests.jobs._fleet import H100, attempt_of, online_node
+from trainhub.shared_redis import redis_client
+from trainhub_contract.bundle import write_bundle
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from django.db.models import Model
 from django.test import Client, RequestFactory
 
 from jobs.models import ApiKey, AuditEntry, JobEvent, ProviderCredential, TrainingJob
-from jobs.services.projects import (
+from jobs.services.accounts.projects import (
     api_key_authenticate,
     api_key_create,
     api_key_revoke,
@@ -29,7 +29,7 @@ SECRET = "rk_secret_for_admin"
 def objects(user, project, make_job):
     queued = make_job()
     cancelled = make_job()
-    from jobs.services.jobs import job_cancel
+    from jobs.services.core.jobs import job_cancel
 
     job_cancel(job=cancelled)
     artifact = ArtifactFactory(
@@ -280,7 +280,7 @@ def test_an_artifact_page_is_truly_read_only(admin_client, objects) -> None:
 
 def test_a_cancelled_job_keeps_no_waiting_reason(objects) -> None:
     from jobs.models import TrainingJob
-    from jobs.services.jobs import job_cancel
+    from jobs.services.core.jobs import job_cancel
 
     job = objects["queued"]
     TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="No online node fits this job.")
@@ -291,8 +291,8 @@ def test_a_cancelled_job_keeps_no_waiting_reason(objects) -> None:
 
 
 def test_a_job_page_shows_its_latest_events_without_metrics(admin_client, objects) -> None:
-    from jobs.admin.training_jobs import ADMIN_EVENTS
-    from jobs.services.events import event_append
+    from console.admin.training_jobs import ADMIN_EVENTS
+    from jobs.services.core.events import event_append
 
     job = objects["queued"]
     for i in range(ADMIN_EVENTS + 20):
@@ -307,7 +307,7 @@ def test_a_job_page_shows_its_latest_events_without_metrics(admin_client, object
 
 def test_deleting_offline_nodes_asks_first(admin_client, db) -> None:
     from jobs.models import GpuNode
-    from jobs.services.nodes import node_create
+    from jobs.services.fleet.nodes import node_create
 
     node_create(name="old-node", actor="test")
     node = GpuNode.objects.get(name="old-node")

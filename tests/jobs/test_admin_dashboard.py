@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from jobs.admin import dashboard
+from console.admin import dashboard
 from jobs.models import GpuNode
 from tests.factories import GpuNodeFactory, JobAttemptFactory, TrainingJobFactory, offer_dict
 

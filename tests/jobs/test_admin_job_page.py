@@ -15,7 +15,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs.admin import charts
+from console.admin import charts
 from jobs.models import JobEvent, TrainingJob
 from tests.factories import JobAttemptFactory, JobEventFactory, TrainingJobFactory, offer_dict
 
@@ -257,7 +257,7 @@ def test_cancel_asks_first_then_cancels_through_the_service(admin_client, make_j
 
 
 def test_retry_requeues_a_cancelled_job(admin_client, make_job) -> None:
-    from jobs.services.jobs import job_cancel
+    from jobs.services.core.jobs import job_cancel
 
     job = make_job()
     job_cancel(job=job)

@@ -10,10 +10,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from jobs.api.auth import rate_limit as parsed_rate_limit
-from jobs.locks import redis_client
+from api.auth import rate_limit as parsed_rate_limit
 from jobs.models import ApiKey, ProjectMembership, TrainingJob
-from jobs.services.projects import (
+from jobs.services.accounts.projects import (
     api_key_create,
     api_key_revoke,
     project_create,
@@ -21,6 +20,7 @@ from jobs.services.projects import (
     project_member_add,
 )
 from tests.jobs._api import assert_error, assert_list
+from trainhub.shared_redis import redis_client
 
 JOBS = "/api/v1/jobs/"
 

@@ -12,7 +12,7 @@ from django.db import transaction
 from jobs import crypto
 from jobs.errors import Conflict
 from jobs.models import ProviderCredential, TrainingJob
-from jobs.services.projects import credential_create, credential_secrets
+from jobs.services.accounts.projects import credential_create, credential_secrets
 from providers import registry
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
 

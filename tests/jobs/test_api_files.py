@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.models import TrainingFile
-from jobs.services.files import file_validate
+from jobs.services.core.files import file_validate
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds, upload
+from trainhub_contract import celery_conf as cc
 
 
 def _line(user: str, assistant: str, role: str = "assistant") -> str:
@@ -211,7 +211,7 @@ def test_an_upload_that_a_concurrent_one_pushed_over_the_quota_is_refused(
     record is made: an upload that another one overtook while it streamed is refused then, and
     its stored bytes removed."""
     from jobs.errors import QuotaExceeded
-    from jobs.services.files import file_create
+    from jobs.services.core.files import file_create
 
     settings.TRAINHUB_PROJECT_STORAGE_BYTES = len(GOOD) * 3 // 2
     overtaking: list[TrainingFile] = []

@@ -10,18 +10,18 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs.api import serializers
+from api import serializers
 from jobs.models import IdempotencyKey, TrainingJob
-from jobs.services.attempts import attempt_start
-from jobs.services.files import file_validate
-from jobs.services.jobs import job_create
-from jobs.services.projects import project_default_for_user
+from jobs.services.accounts.projects import project_default_for_user
+from jobs.services.core.attempts import attempt_start
+from jobs.services.core.files import file_validate
+from jobs.services.core.jobs import job_create
 from providers import registry
 from tests.fakes.adapter import register_fake
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
 
 JOBS = "/api/v1/jobs/"
-# The presenter's keys are the schema's (jobs.api.serializers.Job): what generators are told.
+# The presenter's keys are the schema's (api.serializers.Job): what generators are told.
 JOB_KEYS = set(serializers.Job().fields)
 BROKEN = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{oops\n'
 
@@ -319,7 +319,7 @@ def test_concurrent_job_limit(api, project, processed_file) -> None:
 @pytest.fixture
 def no_broker(monkeypatch):
     """Transactional tests commit for real, so on_commit hooks run: keep them off the broker."""
-    from jobs.services import messages
+    from jobs.services.outbox import messages
 
     monkeypatch.setattr(messages, "send_validate_file", lambda file_pk: None)
 
@@ -380,8 +380,8 @@ def test_a_job_created_while_its_file_is_validated_is_queued_whatever_the_interl
     not wait in validating_files for ever: the create looks again once committed."""
     from django.db import connection
 
-    from jobs.services import jobs as job_services
-    from jobs.services.files import file_validate
+    from jobs.services.core import jobs as job_services
+    from jobs.services.core.files import file_validate
 
     if connection.vendor != "postgresql":
         pytest.skip("two transactions at once need a server database")

@@ -11,8 +11,9 @@ from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
-from jobs.services import dispatch, nodes
-from jobs.services.attempts import attempts_expire_leases
+from jobs.services.core.attempts import attempts_expire_leases
+from jobs.services.fleet import nodes
+from jobs.services.scheduling import dispatch
 from tests.jobs._api import assert_error, assert_list, assert_unix_seconds
 from tests.jobs._db import fresh
 from tests.jobs._fleet import expire_lease

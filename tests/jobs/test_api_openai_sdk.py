@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from jobs.models import TrainingFile, TrainingJob
-from jobs.services.events import event_append, events_store
-from jobs.services.files import file_validate
-from jobs.services.projects import api_key_create, project_default_for_user
+from jobs.services.accounts.projects import api_key_create, project_default_for_user
+from jobs.services.core.events import event_append, events_store
+from jobs.services.core.files import file_validate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""jobs.api.presenters.tenant_waiting_reason: why a job waits, as its project reads it (the
+"""api.presenters.tenant_waiting_reason: why a job waits, as its project reads it (the
 job's waiting_reason and its waiting events). The dispatcher's waits on the own fleet name the
 operator's nodes; a tenant reads them by kind only, every other reason as written, and a
 wording nobody taught the presenter generically (vaguer, never leaking). The attack through
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.api import presenters as p
+from api import presenters as p
 from jobs.models import JobEvent
-from jobs.services import nodes
+from jobs.services.fleet import nodes
 from jobs.states import WaitCode
 from tests.jobs._db import fresh
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from jobs.services import offers
-from jobs.services.projects import credential_create
+from jobs.services.accounts.projects import credential_create
+from jobs.services.cloud import offers
 from providers import registry
 from providers.errors import InvalidCredentials, TransientProviderError
 from tests.fakes.adapter import FakeAdapter, register_fake

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.services.projects import api_key_create, project_default_for_user
+from jobs.services.accounts.projects import api_key_create, project_default_for_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -26,9 +26,11 @@ from jobs.models import (
     WebhookEndpoint,
 )
 from jobs.models.audit import AppendOnly
-from jobs.services import jobs as job_services
-from jobs.services import nodes, projects, webhook_endpoints
-from jobs.services.audit import SYSTEM, Actor, AuditObject, audit_record, redacted_url
+from jobs.services.accounts import projects
+from jobs.services.accounts.audit import SYSTEM, Actor, AuditObject, audit_record, redacted_url
+from jobs.services.core import jobs as job_services
+from jobs.services.fleet import nodes
+from jobs.services.outbound import webhook_endpoints
 
 pytestmark = pytest.mark.django_db
 SECRET = "rk_audit_secret_value_1234"

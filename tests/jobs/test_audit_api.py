@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.models import ApiKey, AuditEntry, JobAttempt, TrainingJob
-from jobs.services.projects import api_key_create
+from jobs.services.accounts.projects import api_key_create
 from tests.jobs._api import assert_error, assert_list
 
 pytestmark = pytest.mark.django_db

@@ -17,16 +17,16 @@ from collections import Counter
 
 import pytest
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import reconcile
-from jobs.services.jobs import job_cancel
-from jobs.services.projects import credential_create
+from jobs.services.accounts.projects import credential_create
+from jobs.services.cloud import reconcile
+from jobs.services.core.jobs import job_cancel
 from jobs.states import TERMINAL
 from providers import runpod_pod
 from providers.http import ProviderHTTP
 from tests.fakes.runpod_api import API_KEY, FakeRunpod
+from trainhub_contract import celery_conf as cc
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 JOBS = 50

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs.services import launch, offers
+from jobs.services.cloud import launch, offers
 from jobs.states import EndReason
 from providers import registry
 from providers.errors import PermanentProviderError, QuotaExceeded

@@ -27,9 +27,9 @@ import responses
 
 from jobs import tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import offers, reconcile, remote
-from jobs.services.attempts import attempt_end, attempt_start, machine_name
-from jobs.services.projects import credential_create
+from jobs.services.accounts.projects import credential_create
+from jobs.services.cloud import offers, reconcile, remote
+from jobs.services.core.attempts import attempt_end, attempt_start, machine_name
 from jobs.states import EndReason, JobStatus
 from providers import lambda_cloud, vastai
 from providers.base import SshAddress

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from gpu_worker.bundle import write_bundle
 from jobs import storage
 from jobs.models import Artifact
 from tests.factories import ArtifactFactory
+from trainhub_contract.bundle import write_bundle
 
 WEIGHTS = bytes(range(256)) * 400
 pytestmark = pytest.mark.usefixtures("storage_backend")

@@ -15,16 +15,17 @@ import requests
 from gpu_worker import node as node_settings
 from gpu_worker.model_cache import ModelCache
 from gpu_worker.node_api import NodeApi, events_url
-from gpu_worker.outcomes import Outcome, StopMode
 from gpu_worker.report import Reporter
 from gpu_worker.sinks import HttpSink
-from gpu_worker.spec import parse_job_spec
 from jobs.broker_acl import broker_user_delete
 from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
-from jobs.services import dispatch, nodes
-from jobs.services.jobs import job_cancel
+from jobs.services.core.jobs import job_cancel
+from jobs.services.fleet import nodes
+from jobs.services.scheduling import dispatch
 from jobs.states import JobStatus
 from tests.gpu_worker._hub_cache import SINGLE, hub_repo, local_model
+from trainhub_contract.outcomes import Outcome, StopMode
+from trainhub_contract.spec import parse_job_spec
 
 # Real HTTP: the live server's thread reads what the test committed.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
+from api.presenters import tenant_waiting_reason
 from gpu_worker.model_cache import MAX_MODELS, MAX_NAME, reportable
-from jobs.api.presenters import tenant_waiting_reason
 from jobs.errors import InvalidRequest
 from jobs.models import GpuNode, JobEvent, NodeEvent, TrainingJob
-from jobs.services import nodes, placement
+from jobs.services.fleet import nodes
+from jobs.services.scheduling import placement
 from jobs.states import JobStatus
 from tests.jobs._api import assert_error
 from tests.jobs._db import fresh

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.models import JobEvent, TrainingJob
-from jobs.services import notifications
-from jobs.services.jobs import job_cancel, job_retry
-from jobs.services.status import job_transition
+from jobs.services.core.jobs import job_cancel, job_retry
+from jobs.services.core.status import job_transition
+from jobs.services.outbound import notifications
 from jobs.states import JobStatus as S
+from trainhub_contract import celery_conf as cc
 
 
 @dataclass

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from jobs.locks import redis_client
 from jobs.models import JobAttempt, JobEvent
-from jobs.services import reconcile, webhooks
-from jobs.services.attempts import attempt_start
+from jobs.services.cloud import provider_webhooks as webhooks
+from jobs.services.cloud import reconcile
+from jobs.services.core.attempts import attempt_start
 from providers.errors import TransientProviderError
 from tests.fakes.adapter import FakeAdapter
 from tests.jobs._cloud import launched
+from trainhub.shared_redis import redis_client
 
 pytestmark = pytest.mark.django_db
 DUPLICATE = "60902e6c-5a3e-4b8f-b1c4-0f9e6b2d7a11-u1"  # shaped like RunPod's job ids

@@ -2,7 +2,7 @@ import pytest
 
 from jobs import storage
 from jobs.models import Artifact
-from jobs.services.artifacts import artifact_ingest
+from jobs.services.core.artifacts import artifact_ingest
 from tests.jobs._api import download
 
 pytestmark = pytest.mark.usefixtures("storage_backend")

@@ -9,14 +9,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs.errors import Conflict, InvalidTransition
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services.attempts import attempt_record_events, attempt_start, attempts_expire_leases
-from jobs.services.events import MAX_EVENTS_PER_BATCH
-from jobs.services.jobs import job_cancel, job_retry
+from jobs.services.core.attempts import attempt_record_events, attempt_start, attempts_expire_leases
+from jobs.services.core.events import MAX_EVENTS_PER_BATCH
+from jobs.services.core.jobs import job_cancel, job_retry
 from jobs.states import JobStatus
 from tests.factories import JobAttemptFactory
+from trainhub_contract import celery_conf as cc
 
 S = JobStatus
 

@@ -1,4 +1,4 @@
-"""jobs.services.costs on the real database: the rate an attempt is billed at, its cost when
+"""jobs.services.core.costs on the real database: the rate an attempt is billed at, its cost when
 it ends, the sums on its job, and a project's spend per hour against its ceiling. Rows come
 from tests/factories.py (the launch and poll paths that write them: test_services_launch,
 test_services_placement)."""
@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import JobAttempt, TrainingJob
-from jobs.services import costs
+from jobs.services.core import costs
 from jobs.states import JobStatus
 from tests.factories import JobAttemptFactory, ProjectFactory, TrainingJobFactory, offer_dict
 

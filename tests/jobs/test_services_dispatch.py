@@ -1,4 +1,4 @@
-"""jobs.services.dispatch on the real database: queued own-fleet jobs placed on idle nodes that
+"""jobs.services.scheduling.dispatch on the real database: queued own-fleet jobs placed on idle nodes that
 fit (highest priority, then oldest first), the waiting reason of a job no node takes, the
 run_attempt message (the attempt's ids, nothing else), a node's claim of its attempt (its spec
 with signed transfer URLs, and the report token its executor reports with), and the re-send
@@ -16,17 +16,17 @@ import pytest
 from django.core import signing
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
-from gpu_worker.spec import parse_job_spec
 from jobs import storage
 from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
-from jobs.services import dispatch, nodes, specs
-from jobs.services.attempts import (
+from jobs.services.core import specs
+from jobs.services.core.attempts import (
     attempt_record_events,
     attempt_start,
     attempts_expire_leases,
 )
-from jobs.services.jobs import job_cancel
+from jobs.services.core.jobs import job_cancel
+from jobs.services.fleet import nodes
+from jobs.services.scheduling import dispatch
 from jobs.states import JobStatus
 from jobs.storage import transfer
 from tests.jobs._db import fresh
@@ -39,6 +39,8 @@ from tests.jobs._fleet import (
     online_node,
     run_messages,
 )
+from trainhub_contract import celery_conf as cc
+from trainhub_contract.spec import parse_job_spec
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -11,8 +11,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from jobs.models import JobEvent, TrainingJob
-from jobs.services import events as events_module
-from jobs.services.events import (
+from jobs.services.core import events as events_module
+from jobs.services.core.events import (
     MAX_DECISIVE_PER_BATCH,
     MAX_EVENT_DATA_BYTES,
     MAX_EVENTS_PER_BATCH,

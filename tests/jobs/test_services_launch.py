@@ -1,4 +1,4 @@
-"""jobs.services.launch on the real database and Redis: a queued cloud job's next attempt
+"""jobs.services.cloud.launch on the real database and Redis: a queued cloud job's next attempt
 launched at the provider (the scripted fake, registered as a real target), on the first
 candidate offer that takes it, within the project's spend ceiling; the launch error family
 (retried, checked, or ending the attempt with a reason); a cancel before or during the launch.
@@ -14,12 +14,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import storage, tasks
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import launch, offers, remote
-from jobs.services.attempts import attempt_start, machine_name
-from jobs.services.jobs import job_cancel
+from jobs.services.cloud import launch, offers, remote
+from jobs.services.core.attempts import attempt_start, machine_name
+from jobs.services.core.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import Offer, RemoteStatus
@@ -34,6 +33,7 @@ from tests.factories import JobAttemptFactory, TrainingJobFactory
 from tests.fakes.adapter import FakeAdapter, register_fake
 from tests.jobs._cloud import launched
 from tests.jobs._db import fresh
+from trainhub_contract import celery_conf as cc
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state", "sent")]
 S = JobStatus
@@ -90,7 +90,7 @@ def test_an_offer_is_named_by_target_id_machine_and_price() -> None:
 
 
 def test_a_queued_cloud_job_is_launched_as_its_next_attempt(fake_cloud, make_job) -> None:
-    from jobs.services.polling import POLL_EVERY
+    from jobs.services.cloud.polling import POLL_EVERY
 
     job = make_job(target="fake-cloud", max_runtime_seconds=7200)
     attempt = launch.attempt_launch(job=job)
@@ -321,7 +321,7 @@ def test_a_launch_the_provider_refused_ends_the_attempt_with_a_reason(
 def test_a_credential_deleted_before_the_launch_ends_the_attempt_saying_so(
     make_job, project, settings
 ) -> None:
-    from jobs.services.projects import credential_create
+    from jobs.services.accounts.projects import credential_create
 
     settings.TRAINHUB_PUBLIC_URL = "http://127.0.0.1:8000"
     keyed = register_fake("keyed-cloud", credential_kind="runpod")

@@ -1,4 +1,4 @@
-"""jobs.services.nodes on the real database: a node's identity (its token, kept only as a hash,
+"""jobs.services.fleet.nodes on the real database: a node's identity (its token, kept only as a hash,
 rotated), its status (heartbeats, drain, silence, stopping), its registration report, the
 cancels it pulls with its heartbeat (node_stop_requests), and what a cancel or an attempt's end
 does to it (node_release). The services take the node the API authenticated (test_api_nodes
@@ -13,16 +13,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs.errors import InvalidRequest
 from jobs.models import GpuNode, NodeEvent
-from jobs.services import nodes
-from jobs.services.attempts import (
+from jobs.services.core.attempts import (
     attempt_end,
     attempt_record_events,
     attempts_expire_leases,
 )
-from jobs.services.jobs import job_cancel
+from jobs.services.core.jobs import job_cancel
+from jobs.services.fleet import nodes
 from jobs.states import EndReason, JobStatus
 from tests.jobs._db import fresh
 from tests.jobs._fleet import (
@@ -32,6 +31,7 @@ from tests.jobs._fleet import (
     node_status,
     online_node,
 )
+from trainhub_contract import celery_conf as cc
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

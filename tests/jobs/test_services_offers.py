@@ -1,4 +1,4 @@
-"""jobs.services.offers on the real database and Redis: priced offers fetched with a project's
+"""jobs.services.cloud.offers on the real database and Redis: priced offers fetched with a project's
 key and cached per provider account, offers a provider refused remembered for a while, a key
 checked with one cached call, and every target as a project sees it. The provider is the
 scripted fake registered as a real priced target (tests/fakes/adapter.py); the HTTP layer over
@@ -12,16 +12,16 @@ import pytest
 
 from jobs import tasks
 from jobs.errors import InvalidRequest, NotFound, ProviderUnavailable
-from jobs.locks import redis_client
 from jobs.models import Project
-from jobs.services import offers
-from jobs.services.projects import credential_create
-from jobs.services.targets import MissingCredentials
+from jobs.services.accounts.projects import credential_create
+from jobs.services.accounts.targets import MissingCredentials
+from jobs.services.cloud import offers
 from providers import registry
 from providers.base import Handle
 from providers.errors import InvalidCredentials, TransientProviderError
 from tests.factories import ProjectFactory, offer_dict
 from tests.fakes.adapter import FakeAdapter, register_fake
+from trainhub.shared_redis import redis_client
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 SECRET = "vk_offers_secret_8a4c"

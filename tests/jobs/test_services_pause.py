@@ -12,13 +12,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import storage, tasks
 from jobs.errors import Conflict
 from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
-from jobs.services import dispatch, nodes, remote, stopping
-from jobs.services.attempts import attempt_record_events, attempt_start, attempts_expire_leases
-from jobs.services.jobs import job_cancel, job_pause, job_resume
+from jobs.services.cloud import remote
+from jobs.services.core import stopping
+from jobs.services.core.attempts import attempt_record_events, attempt_start, attempts_expire_leases
+from jobs.services.core.jobs import job_cancel, job_pause, job_resume
+from jobs.services.fleet import nodes
+from jobs.services.scheduling import dispatch
 from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import RemoteStatus, SshAddress
@@ -26,6 +28,7 @@ from tests.fakes.adapter import FakeAdapter, register_fake
 from tests.jobs._cloud import launched, poll_due
 from tests.jobs._db import fresh
 from tests.jobs._fleet import attempt_of, expire_lease, node_status
+from trainhub_contract import celery_conf as cc
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

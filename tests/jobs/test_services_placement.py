@@ -11,17 +11,18 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.errors import InvalidRequest
-from jobs.locks import redis_client
 from jobs.models import GpuNode, JobAttempt, JobEvent, TrainingJob
-from jobs.services import nodes, placement
+from jobs.services.fleet import nodes
+from jobs.services.scheduling import placement
 from jobs.states import EndReason, JobStatus
 from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import TransientProviderError
 from tests.fakes.adapter import register_fake
+from trainhub.shared_redis import redis_client
+from trainhub_contract import celery_conf as cc
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 S = JobStatus

@@ -1,4 +1,4 @@
-"""jobs.services.polling on the real database, through the poll task with the scripted fake
+"""jobs.services.cloud.polling on the real database, through the poll task with the scripted fake
 provider: which attempts a poll takes within the target's budget and when each is polled next,
 a status the provider could not tell this cycle, and a provider's repeated events stored once."""
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from jobs import tasks
 from jobs.models import JobAttempt, JobEvent
-from jobs.services import polling
+from jobs.services.cloud import polling
 from jobs.states import JobStatus
 from providers import registry
 from providers.base import RemoteStatus

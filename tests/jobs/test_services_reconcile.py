@@ -1,4 +1,4 @@
-"""jobs.services.reconcile on the real database with the scripted fake provider: the reconciler
+"""jobs.services.cloud.reconcile on the real database with the scripted fake provider: the reconciler
 terminates only the machines no live attempt owns (an ended attempt's, a stranger's), never a
 live one nor one whose launch is still in flight, and tells a job only about machines listed
 under its project's account (a tenant naming a machine after another's job:
@@ -12,9 +12,9 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import JobAttempt, JobEvent
-from jobs.services import reconcile
-from jobs.services.attempts import attempt_start, machine_name
-from jobs.services.projects import credential_create
+from jobs.services.accounts.projects import credential_create
+from jobs.services.cloud import reconcile
+from jobs.services.core.attempts import attempt_start, machine_name
 from providers import registry
 from tests.factories import ProjectFactory
 from tests.fakes.adapter import FakeAdapter
@@ -88,7 +88,7 @@ def test_a_live_machine_is_spared_even_after_its_project_changed_keys(
     credential_create(project=other, provider="vastai", name="k", secrets={"api_key": "vk_old"})
     events = JobEvent.objects.filter(job=ended_job).count()
 
-    with caplog.at_level("WARNING", logger="jobs.services.reconcile"):
+    with caplog.at_level("WARNING", logger="jobs.services.cloud.reconcile"):
         assert reconcile.providers_reconcile() == 1
 
     assert keyed_cloud["vk_old"].cancelled_ids == [ended.provider_instance_id]

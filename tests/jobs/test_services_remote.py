@@ -1,4 +1,4 @@
-"""jobs.services.remote on the real database: each attempt's own SSH key (stored encrypted),
+"""jobs.services.cloud.remote on the real database: each attempt's own SSH key (stored encrypted),
 the attempt's directory on the machine, the deadline for a machine to accept SSH, and driving
 the executor over SSH against the session's loopback OpenSSH server: a crash without a final
 report, a changed host key, a key the machine refuses, a machine not answering.
@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from jobs import crypto
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services import remote
-from jobs.services.attempts import attempt_start, machine_name
+from jobs.services.cloud import remote
+from jobs.services.core.attempts import attempt_start, machine_name
 from jobs.states import EndReason, JobStatus
 from providers import registry, ssh
 from providers.base import RemoteState, RemoteStatus, SshAddress

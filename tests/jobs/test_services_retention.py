@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import storage, tasks
 from jobs.models import StorageDeletion, TrainingJob
-from jobs.services.jobs import job_cancel, job_delete, job_retry
-from jobs.services.retention import storage_sweep
+from jobs.services.core.jobs import job_cancel, job_delete, job_retry
+from jobs.services.core.retention import storage_sweep
+from trainhub_contract import celery_conf as cc
 
 pytestmark = pytest.mark.usefixtures("storage_backend")
 

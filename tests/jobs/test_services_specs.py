@@ -1,4 +1,4 @@
-"""jobs.services.specs on both backends: each attempt uploads to keys of its own, and resumes
+"""jobs.services.core.specs on both backends: each attempt uploads to keys of its own, and resumes
 from the newest *sealed* checkpoint of an earlier attempt (the attacks on this are in
 tests/security/test_artifacts.py)."""
 
@@ -11,8 +11,8 @@ from django.core import signing
 
 from jobs import storage
 from jobs.models import JobAttempt, TrainingJob
-from jobs.services import specs
-from jobs.services.attempts import attempt_end, attempt_start
+from jobs.services.core import specs
+from jobs.services.core.attempts import attempt_end, attempt_start
 from jobs.states import EndReason
 from jobs.storage import grants
 
@@ -108,7 +108,7 @@ def test_packing_at_the_executors_default_is_left_out_of_the_spec(make_job, pack
     """An executor older than ``packing`` refuses fields it does not know: a spec carries the
     field only when it differs from what such an executor does anyway (the current executor
     reads the absence as its default, on)."""
-    from gpu_worker.spec import parse_job_spec
+    from trainhub_contract.spec import parse_job_spec
 
     job = make_job()
     TrainingJob.objects.filter(pk=job.pk).update(

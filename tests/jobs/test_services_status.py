@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs.errors import InvalidTransition
 from jobs.models import JobEvent, TrainingJob
-from jobs.services.jobs import job_transition
+from jobs.services.core.jobs import job_transition
 from jobs.states import ALLOWED_FROM, LIVE, TERMINAL, JobStatus, can_transition
 
 S = JobStatus

@@ -1,4 +1,4 @@
-"""jobs.services.stopping on the real database, through the tasks with the scripted fake
+"""jobs.services.core.stopping on the real database, through the tasks with the scripted fake
 provider: the two-phase stop of a cloud attempt's machine (a cancel racing the run's completion
 ends in one terminal state, a stop the provider did not confirm is sent again) and the machine
 of a succeeded attempt stopped too."""
@@ -10,16 +10,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.models import JobAttempt, JobEvent
-from jobs.services import stopping
-from jobs.services.attempts import attempt_end
-from jobs.services.jobs import job_cancel
+from jobs.services.core import stopping
+from jobs.services.core.attempts import attempt_end
+from jobs.services.core.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
 from providers.base import RemoteStatus
 from tests.jobs._cloud import launched, poll_due
 from tests.jobs._db import fresh
+from trainhub_contract import celery_conf as cc
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -1,4 +1,4 @@
-"""jobs.services.targets on the real database: which key a project's provider calls use (its
+"""jobs.services.accounts.targets on the real database: which key a project's provider calls use (its
 own newest credential, else the operator's where allowed), the adapter built with it, and why
 a project cannot use a target. Credentials are stored encrypted through the projects service;
 the adapter is the scripted fake registered as a real target (tests/fakes/adapter.py)."""
@@ -11,8 +11,8 @@ import pytest
 
 from jobs import tasks
 from jobs.models import Project
-from jobs.services.projects import credential_create
-from jobs.services.targets import (
+from jobs.services.accounts.projects import credential_create
+from jobs.services.accounts.targets import (
     MissingCredentials,
     adapter_for,
     credential_source,

@@ -1,4 +1,4 @@
-"""jobs.services.webhooks on the real database: the signed per-attempt webhook URL a launch
+"""jobs.services.cloud.provider_webhooks on the real database: the signed per-attempt webhook URL a launch
 hands the provider, a call to it polling that attempt at once (once per gap), a forged or
 foreign one not found, an expired one refused and an ended attempt's answered without a poll."""
 
@@ -10,16 +10,16 @@ import pytest
 from django.core import signing
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
 from jobs.errors import NotFound
-from jobs.locks import redis_client
 from jobs.models import JobAttempt
-from jobs.services import webhooks
+from jobs.services.cloud import provider_webhooks as webhooks
 from jobs.states import JobStatus
 from providers.base import RemoteStatus
 from tests.jobs._cloud import launched
 from tests.jobs._db import fresh
+from trainhub.shared_redis import redis_client
+from trainhub_contract import celery_conf as cc
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

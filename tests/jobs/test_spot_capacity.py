@@ -15,17 +15,18 @@ from django.utils import timezone
 
 from jobs import storage, tasks
 from jobs.errors import InvalidRequest
-from jobs.locks import redis_client
 from jobs.models import GpuNode, JobAttempt, TrainingJob
-from jobs.services import costs, nodes, specs
-from jobs.services.attempts import attempt_end
-from jobs.services.jobs import job_retry
+from jobs.services.core import costs, specs
+from jobs.services.core.attempts import attempt_end
+from jobs.services.core.jobs import job_retry
+from jobs.services.fleet import nodes
 from jobs.states import EndReason, JobCapacity, JobStatus
 from providers import registry
 from providers.base import Capacity, Offer
 from tests.fakes.adapter import FakeAdapter, register_fake
 from tests.jobs._api import assert_error
 from tests.jobs._cloud import poll_due
+from trainhub.shared_redis import redis_client
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_provider_state")]
 S = JobStatus

@@ -10,12 +10,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs import tasks
-from jobs.locks import redis_client, try_lock
+from jobs.locks import try_lock
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services.attempts import attempt_start
-from jobs.services.jobs import job_cancel, job_retry
+from jobs.services.core.attempts import attempt_start
+from jobs.services.core.jobs import job_cancel, job_retry
 from jobs.states import JobStatus
 from providers import registry
 from providers.base import RemoteStatus
@@ -23,6 +22,8 @@ from providers.errors import PermanentProviderError
 from tests.fakes.adapter import register_fake
 from tests.jobs._cloud import poll_due
 from tests.jobs._db import fresh
+from trainhub.shared_redis import redis_client
+from trainhub_contract import celery_conf as cc
 
 S = JobStatus
 
@@ -353,7 +354,7 @@ def test_tasks_are_registered_by_name_and_routed_to_their_queues() -> None:
 
 
 def test_the_control_plane_has_no_task_a_node_could_send() -> None:
-    """Nodes speak over HTTPS with their token (jobs.api.node_views) and cannot publish to the
+    """Nodes speak over HTTPS with their token (api.node_views) and cannot publish to the
     broker: the tasks they once sent (events, registration, heartbeats) are gone for good."""
     from trainhub.celery import app
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib.messages import get_messages
 
 from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from jobs.services import webhook_endpoints
+from jobs.services.outbound import webhook_endpoints
 
 PUBLIC_URL = "https://93.184.215.14/hooks"
 

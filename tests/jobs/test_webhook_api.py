@@ -11,8 +11,8 @@ from standardwebhooks import Webhook
 
 from jobs import crypto
 from jobs.models import WebhookDelivery, WebhookEndpoint
-from jobs.services import webhook_endpoints
-from jobs.services.status import job_transition
+from jobs.services.core.status import job_transition
+from jobs.services.outbound import webhook_endpoints
 from jobs.states import JobStatus
 from tests.jobs._webhooks import delivery_messages, receiving
 

@@ -13,14 +13,15 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
+from api.presenters import checkpoint_id
 from jobs import outbound_http, tasks
-from jobs.api.presenters import checkpoint_id
 from jobs.models import JobEvent, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.models.webhooks import EVENT_TYPES
-from jobs.services import jobs as job_services
-from jobs.services import webhook_delivery, webhook_endpoints, webhook_outbox
-from jobs.services.attempts import attempt_record_events, attempt_start
-from jobs.services.status import job_transition
+from jobs.services.core import jobs as job_services
+from jobs.services.core.attempts import attempt_record_events, attempt_start
+from jobs.services.core.status import job_transition
+from jobs.services.outbound import webhook_delivery, webhook_endpoints
+from jobs.services.outbox import webhook_outbox
 from jobs.states import JobStatus
 from tests.jobs._db import fresh
 from tests.jobs._webhooks import Receiver, delivery_messages, receiving
@@ -165,7 +166,7 @@ def test_failed_cancelled_and_paused_jobs(make_job, subscribe, receiver, deliver
 def test_only_enabled_subscribed_endpoints_of_the_jobs_project_hear(
     make_job, subscribe, receiver, deliver, make_user
 ) -> None:
-    from jobs.services.projects import project_default_for_user
+    from jobs.services.accounts.projects import project_default_for_user
 
     subscribe(types=["fine_tuning.job.failed"])
     off = subscribe()
@@ -348,7 +349,7 @@ def test_rotation_signs_with_both_secrets_during_the_overlap_then_the_new_one(
 def test_an_endpoint_failing_for_five_days_is_disabled_and_members_told(
     make_job, subscribe, receiver, deliver, mailoutbox, user, make_user, project
 ) -> None:
-    from jobs.services.projects import project_member_add
+    from jobs.services.accounts.projects import project_member_add
 
     user.email = "alice@example.com"
     user.save()

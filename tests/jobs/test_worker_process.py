@@ -19,11 +19,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gpu_worker import celery_conf as cc
 from jobs.models import JobAttempt, JobEvent, TrainingFile, TrainingJob
-from jobs.services.attempts import attempt_start
+from jobs.services.core.attempts import attempt_start
 from tests._processes import database_url, quiesce
 from tests.jobs._api import upload
+from trainhub_contract import celery_conf as cc
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture
 def key_of(make_user) -> Callable[..., str]:
     """A fresh raw API key of ``user`` (in their default project)."""
-    from jobs.services.projects import api_key_create
+    from jobs.services.accounts.projects import api_key_create
 
     def make(user) -> str:
         return api_key_create(user=user, name="live")[1]

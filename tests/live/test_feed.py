@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from jobs.live import feed as feed_module
-from jobs.live.feed import JobFeed, Resync
+from api.live import feed as feed_module
+from api.live.feed import JobFeed, Resync
 from jobs.models import JobEvent
-from jobs.services import live
-from jobs.services.events import event_append
+from jobs.services.core.events import event_append
+from jobs.services.outbox import live
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

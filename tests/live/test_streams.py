@@ -19,8 +19,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from jobs.models import JobEvent
-from jobs.services.events import event_append
-from jobs.services.projects import api_key_revoke
+from jobs.services.accounts.projects import api_key_revoke
+from jobs.services.core.events import event_append
 from tests._processes import STREAM_BUFFER_MESSAGES as BUFFER_MESSAGES
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -213,7 +213,7 @@ def test_socket_refusals(stream_server, make_job, make_user, user, key_of) -> No
 def test_a_revoked_key_s_open_sockets_close_within_10_s(
     stream_server, make_job, user, key_of
 ) -> None:
-    from jobs.services.projects import api_key_create
+    from jobs.services.accounts.projects import api_key_create
 
     job = make_job()
     key, raw = api_key_create(user=user, name="to revoke")
@@ -252,7 +252,7 @@ def test_a_browser_can_send_its_key_as_a_subprotocol(stream_server, make_job, us
 def test_project_socket_sends_a_snapshot_then_status_changes(
     stream_server, make_job, user, key_of
 ) -> None:
-    from jobs.services.jobs import job_cancel
+    from jobs.services.core.jobs import job_cancel
 
     job = make_job()
     raw = key_of(user)
@@ -355,7 +355,7 @@ def test_a_project_watcher_that_stops_reading_gets_resync_and_a_fresh_snapshot(
     """Status changes pile up for a project socket that does not read (published straight to
     the project's group, large enough to fill the socket's buffers): it is told ``resync`` and
     sent a new snapshot, and its queue never holds more than its bound."""
-    from jobs.services import live
+    from jobs.services.outbox import live
 
     job = make_job()
     raw = key_of(user)

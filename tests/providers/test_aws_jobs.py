@@ -25,16 +25,16 @@ import boto3
 import pytest
 
 from jobs import tasks
-from jobs.locks import redis_client
 from jobs.models import JobAttempt, TrainingJob
-from jobs.services import reconcile, remote
-from jobs.services.attempts import attempt_end, attempt_start, machine_name
-from jobs.services.jobs import job_cancel
-from jobs.services.projects import credential_create
+from jobs.services.accounts.projects import credential_create
+from jobs.services.cloud import reconcile, remote
+from jobs.services.core.attempts import attempt_end, attempt_start, machine_name
+from jobs.services.core.jobs import job_cancel
 from jobs.states import EndReason, JobStatus
 from providers import aws
 from providers.aws.api import TAG_MANAGED, split_handle
 from providers.base import SshAddress
+from trainhub.shared_redis import redis_client
 
 pytestmark = [pytest.mark.django_db]
 SECRETS = {"access_key_id": "AKIDTRAINHUBTEST", "secret_access_key": "trainhub-test-secret"}

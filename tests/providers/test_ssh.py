@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from devsupport.processes import free_port
-from gpu_worker.datasets import DEMO_DATASET_PATH
-from gpu_worker.outcomes import ExitCode
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
 from providers import ssh
 from providers.errors import PermanentProviderError, TransientProviderError
 from providers.ssh import (
@@ -31,6 +30,7 @@ from providers.ssh import (
 )
 from tests.conftest import SshServer
 from tests.gpu_worker.conftest import spec_dict, write_jsonl
+from trainhub_contract.outcomes import ExitCode
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_worker.outcomes import StopMode
 from providers.ssh import RemoteExecutor
 from tests.providers.test_ssh import executor  # noqa: F401 - the ``executor`` fixture
+from trainhub_contract.outcomes import StopMode
 
 
 def test_a_pause_is_written_whole_and_never_downgrades_a_cancel(

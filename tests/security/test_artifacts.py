@@ -29,9 +29,9 @@ from devsupport.readiness import wait_http_ready
 from gpu_worker import transfer as client
 from jobs import storage
 from jobs.models import JobAttempt, TrainingJob
-from jobs.services import specs
-from jobs.services.artifacts import artifact_ingest
-from jobs.services.attempts import attempt_end, attempt_start
+from jobs.services.core import specs
+from jobs.services.core.artifacts import artifact_ingest
+from jobs.services.core.attempts import attempt_end, attempt_start
 from jobs.states import EndReason
 from tests._processes import procfile_command
 from tests.jobs._api import assert_error, download

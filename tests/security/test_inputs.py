@@ -27,15 +27,15 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.files.uploadhandler import FileUploadHandler
 
-from gpu_worker.outcomes import ExitCode
 from jobs.models import JobAttempt, TrainingFile, TrainingJob
-from jobs.services import remote
+from jobs.services.cloud import remote
 from jobs.states import EndReason
 from providers import ssh
 from providers.errors import PermanentProviderError
 from tests.gpu_worker.conftest import spec_dict, write_jsonl
 from tests.jobs._api import assert_error, upload
 from tests.jobs.test_services_remote import authorize, fresh, keyed_attempt, ssh_cloud, up
+from trainhub_contract.outcomes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 1 << 20  # TRAINHUB_MAX_UPLOAD_BYTES in the upload tests
@@ -73,7 +73,7 @@ def counted_uploads(settings, tmp_path: Path) -> Path:
     CountingHandler.handed_on = 0
     settings.TRAINHUB_MAX_UPLOAD_BYTES = LIMIT
     settings.FILE_UPLOAD_HANDLERS = [
-        "jobs.api.uploads.UploadLimitHandler",
+        "api.uploads.UploadLimitHandler",
         f"{__name__}.CountingHandler",
         "django.core.files.uploadhandler.MemoryFileUploadHandler",
         "django.core.files.uploadhandler.TemporaryFileUploadHandler",
@@ -89,7 +89,7 @@ def counted_uploads(settings, tmp_path: Path) -> Path:
 def bearer(transactional_db, user, project) -> str:
     """A raw API key of the test user, for requests to the live server (whose thread sees only
     committed rows: hence the transactional database)."""
-    from jobs.services.projects import api_key_create
+    from jobs.services.accounts.projects import api_key_create
 
     _, raw = api_key_create(user=user, name="attack", project=project)
     return raw
@@ -243,7 +243,7 @@ def test_a_json_body_over_the_limit_is_refused_unread(api, settings) -> None:
 
 PAX_BOMB = r"""
 import json, resource, sys, tarfile
-from gpu_worker.bundle import BundleError, verify_bundle
+from trainhub_contract.bundle import BundleError, verify_bundle
 
 SIZE = 256 << 20
 info = tarfile.TarInfo("././@PaxHeader")

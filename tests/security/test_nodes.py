@@ -12,14 +12,15 @@ import redis
 from celery import Celery
 from django.conf import settings
 
-from gpu_worker import celery_conf as cc
 from gpu_worker import node as node_settings
 from gpu_worker import supervisor
 from jobs.broker_acl import broker_acl_supported, broker_user_delete
 from jobs.models import GpuNode, JobEvent
-from jobs.services import dispatch, jobs
+from jobs.services.core import jobs
+from jobs.services.scheduling import dispatch
 from tests.jobs._db import fresh
 from tests.jobs._fleet import H100, online_node
+from trainhub_contract import celery_conf as cc
 
 NODE_API = "/api/v1/nodes"
 

@@ -25,12 +25,11 @@ from rest_framework.test import APIClient
 
 from devsupport.processes import free_port
 from devsupport.readiness import wait_http_ready
-from gpu_worker import celery_conf as cc
-from jobs.locks import redis_client
 from jobs.models import ApiKey, GpuNode, JobEvent, TrainingJob
-from jobs.services import reconcile, webhooks
-from jobs.services.attempts import parse_machine_name
-from jobs.services.projects import api_key_create, api_key_revoke, credential_create
+from jobs.services.accounts.projects import api_key_create, api_key_revoke, credential_create
+from jobs.services.cloud import provider_webhooks as webhooks
+from jobs.services.cloud import reconcile
+from jobs.services.core.attempts import parse_machine_name
 from providers import registry
 from providers.base import RemoteState, RemoteStatus
 from tests._processes import database_url
@@ -40,6 +39,8 @@ from tests.jobs._api import assert_error, assert_list
 from tests.jobs._cloud import launched
 from tests.jobs._db import fresh
 from tests.jobs._fleet import H100, online_node
+from trainhub.shared_redis import redis_client
+from trainhub_contract import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,8 +24,8 @@ from cryptography.x509.oid import NameOID
 
 from jobs import outbound_http, tasks
 from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from jobs.services import webhook_endpoints
-from jobs.services.status import job_transition
+from jobs.services.core.status import job_transition
+from jobs.services.outbound import webhook_endpoints
 from jobs.states import JobStatus
 from tests.jobs._webhooks import Receiver, delivery_messages, receiving
 

@@ -3,8 +3,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs.errors import ServiceError
 from jobs.models import Project
-from jobs.services.audit import Actor
-from jobs.services.projects import api_key_create
+from jobs.services.accounts.audit import Actor
+from jobs.services.accounts.projects import api_key_create
 
 
 class Command(BaseCommand):

@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.errors import ServiceError
-from jobs.services.audit import Actor
-from jobs.services.nodes import node_create, node_get, node_rotate_token
+from jobs.services.accounts.audit import Actor
+from jobs.services.fleet.nodes import node_create, node_get, node_rotate_token
 
 
 class Command(BaseCommand):

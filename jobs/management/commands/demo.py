@@ -20,13 +20,13 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from gpu_worker.bundle import verify_bundle
-from gpu_worker.datasets import DEMO_DATASET_PATH
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
 from jobs.models import GpuNode
-from jobs.services.audit import Actor
-from jobs.services.nodes import node_create, node_rotate_token
-from jobs.services.projects import api_key_create
+from jobs.services.accounts.audit import Actor
+from jobs.services.accounts.projects import api_key_create
+from jobs.services.fleet.nodes import node_create, node_rotate_token
 from trainhub import embedded, processes
+from trainhub_contract.bundle import verify_bundle
 
 DEMO_ACTOR = Actor.command("demo")
 NODE = "demo-node"

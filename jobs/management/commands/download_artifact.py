@@ -6,10 +6,10 @@ from typing import IO
 
 from django.core.management.base import BaseCommand, CommandError
 
-from gpu_worker.bundle import BundleError, verify_bundle
 from gpu_worker.extract import UnsafeArchive, safe_extract
 from jobs import storage
 from jobs.models import Artifact
+from trainhub_contract.bundle import BundleError, verify_bundle
 
 
 def _tee(chunks: Iterable[bytes], out: IO[bytes]) -> Iterator[bytes]:

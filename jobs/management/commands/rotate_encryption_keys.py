@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from jobs.services.projects import credentials_reencrypt
+from jobs.services.accounts.projects import credentials_reencrypt
 
 
 class Command(BaseCommand):

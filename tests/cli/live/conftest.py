@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.datasets import DEMO_DATASET_PATH
-from jobs.services.projects import api_key_create
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
+from jobs.services.accounts.projects import api_key_create
 from tests.e2e.conftest import (  # noqa: F401 - the e2e stack's fixtures, reused as they are
     _quiet_control_worker,
     control_worker,

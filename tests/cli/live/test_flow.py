@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.datasets import DEMO_DATASET_PATH
+from gpu_worker.tiny_model import DEMO_DATASET_PATH
 from jobs.models import TrainingJob
-from jobs.services.nodes import node_create
+from jobs.services.fleet.nodes import node_create
 from tests.cli.conftest import SCRIPT
 from tests.e2e.conftest import Process, wait_for
 from trainhub_cli.errors import ExitCode

@@ -1,0 +1,645 @@
+"""The API's request and response bodies as OpenAPI components (drf-spectacular reads these).
+
+They describe; they do not validate: every body is validated once, by the service that takes it
+(``services.jobs._parse_job``, ``trainhub_contract.spec``), so the rules live in one place and the
+error messages name OpenAI's fields. Keep a serializer in step with its presenter
+(``api.presenters``); tests/jobs/test_api_schema.py checks real responses against this
+schema, and schemathesis fuzzes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
+from rest_framework import serializers as s
+
+from gpu_worker.model_cache import MAX_MODELS, MAX_NAME
+from jobs.models.webhooks import EVENT_TYPES as WEBHOOK_EVENT_TYPES
+from jobs.states import JobCapacity, JobStatus
+from providers.registry import CREDENTIAL_KINDS
+from trainhub_contract.spec_schema import ADAPTER_SCHEMA, HYPERPARAMETERS_SCHEMA
+
+_OBJECT = {"type": "object", "additionalProperties": True}
+
+
+def _auto_or(**schema: Any) -> dict[str, Any]:
+    return {"oneOf": [{"const": "auto"}, schema]}
+
+
+def _enum(choices: list[str], **kwargs: Any) -> s.Field:
+    """A string from ``choices``, its enum written inline (named enum components would collide:
+    many objects have an ``object`` or a ``type`` field of their own)."""
+    field = type("Enum", (s.CharField,), {})
+    return extend_schema_field({"type": "string", "enum": list(choices)})(field)(**kwargs)
+
+
+# --- errors and lists -------------------------------------------------------------------------
+
+
+class ErrorDetail(s.Serializer):
+    message = s.CharField(help_text="What was wrong and what to do about it.")
+    type = _enum(
+        [
+            "invalid_request_error",
+            "authentication_error",
+            "permission_error",
+            "not_found_error",
+            "rate_limit_error",
+            "server_error",
+        ]
+    )
+    param = s.CharField(allow_null=True, help_text="The field at fault (dotted path), if any.")
+    code = s.CharField(allow_null=True, help_text="A stable machine-readable code.")
+
+
+class Error(s.Serializer):
+    error = ErrorDetail()
+
+
+class Deleted(s.Serializer):
+    id = s.CharField()
+    object = s.CharField()
+    deleted = s.BooleanField()
+
+
+def page_of(item: type[s.Serializer], name: str) -> type[s.Serializer]:
+    """``{"object": "list", "data": [...], "has_more": bool}`` of ``item``."""
+    return type(
+        name,
+        (s.Serializer,),
+        {
+            "object": _enum(["list"]),
+            "data": item(many=True),
+            "has_more": s.BooleanField(),
+        },
+    )
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "contentMediaType": "application/jsonl"})
+class DatasetPart(s.JSONField):
+    pass
+
+
+class FileUpload(s.Serializer):
+    file = DatasetPart(
+        help_text="JSONL (chat messages, alpaca, prompt/completion or text): a file part, or "
+        "the text itself"
+    )
+    purpose = _enum(["fine-tune"], required=False, default="fine-tune")
+
+
+class File(s.Serializer):
+    id = s.CharField(help_text="file-… (uploads), file-metrics-… / file-adapter-… (results)")
+    object = _enum(["file"])
+    bytes = s.IntegerField(allow_null=True)
+    created_at = s.IntegerField(allow_null=True, help_text="Unix seconds")
+    filename = s.CharField()
+    purpose = _enum(["fine-tune", "fine-tune-results"])
+    status = _enum(["uploaded", "processed", "error"])
+    sha256 = s.CharField(allow_null=True)
+    format = s.CharField(allow_null=True, required=False)
+    example_count = s.IntegerField(allow_null=True, required=False)
+    token_estimate = s.IntegerField(allow_null=True, required=False)
+    error_count = s.IntegerField(required=False)
+    errors = s.ListField(child=s.DictField(), required=False, help_text="line-numbered")  # type: ignore[assignment]  # a field, as the body names it
+    job_id = s.CharField(required=False, help_text="result files: the job they came from")
+
+
+FileList = page_of(File, "FileList")
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+def _json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A gpu_worker JSON Schema (2020-12, as OpenAPI 3.1 takes it) without its $schema."""
+    return {k: v for k, v in schema.items() if k != "$schema"}
+
+
+_HYPER = HYPERPARAMETERS_SCHEMA["properties"]
+
+
+@extend_schema_field(
+    {
+        **_json_schema(HYPERPARAMETERS_SCHEMA),
+        "description": "OpenAI's three (each may be \"auto\": the default) and trainhub's own.",
+        "properties": {
+            **_HYPER,
+            "n_epochs": _auto_or(**_HYPER["n_epochs"]),
+            "batch_size": _auto_or(**_HYPER["batch_size"]),
+            "learning_rate_multiplier": _auto_or(type="number", exclusiveMinimum=0, maximum=10),
+        },
+    }
+)
+class HyperparametersIn(s.JSONField):
+    pass
+
+
+class Hyperparameters(s.Serializer):
+    """As resolved for the job ("auto" replaced by the value used)."""
+
+    n_epochs = s.IntegerField()
+    batch_size = s.IntegerField()
+    learning_rate_multiplier = s.FloatField(allow_null=True)
+    learning_rate = s.FloatField()
+    max_seq_length = s.IntegerField()
+    gradient_accumulation_steps = s.IntegerField()
+    warmup_ratio = s.FloatField()
+    gradient_checkpointing = s.BooleanField()
+    packing = s.BooleanField(required=False, help_text="absent on jobs created before it existed")
+
+
+class SupervisedIn(s.Serializer):
+    hyperparameters = HyperparametersIn(required=False)  # type: ignore[assignment]
+
+
+class MethodIn(s.Serializer):
+    type = _enum(["supervised"], help_text="dpo and reinforcement: not yet (400)")
+    supervised = SupervisedIn(required=False)
+
+
+class Supervised(s.Serializer):
+    hyperparameters = Hyperparameters()
+
+
+class Method(s.Serializer):
+    type = _enum(["supervised"])
+    supervised = Supervised()
+
+
+@extend_schema_field(_json_schema(ADAPTER_SCHEMA))
+class Adapter(s.JSONField):
+    pass
+
+
+GPU_NAME = {"type": "string", "pattern": "^[ -~]{1,100}$", "description": "glob, e.g. *A100*"}
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "count": {"type": "integer", "minimum": 0, "maximum": 64},
+            "min_vram_gb": {"type": "number", "exclusiveMinimum": 0, "maximum": 4096},
+            "name": GPU_NAME,
+        },
+    }
+)
+class GpuNeeds(s.JSONField):
+    pass
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
+class StringMap(s.JSONField):
+    pass
+
+
+class JobCreate(s.Serializer):
+    model = s.CharField(help_text="Hub id (owner/name) or an absolute path the operator allows.")
+    training_file = s.CharField(help_text="file-… of this project, purpose fine-tune")
+    validation_file = s.CharField(required=False, allow_null=True)
+    method = MethodIn(required=False)
+    hyperparameters = HyperparametersIn(required=False, help_text="legacy place; or method")
+    suffix = s.CharField(required=False, allow_null=True, max_length=64)
+    seed = s.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
+    metadata = StringMap(required=False, allow_null=True, help_text="≤16 pairs")
+    integrations = s.ListField(child=s.DictField(), required=False, allow_null=True,
+                               help_text="must be empty: not supported")  # fmt: skip
+    # trainhub's own settings: the SDK sends them with extra_body
+    adapter = Adapter(required=False)
+    target = s.CharField(required=False, help_text="local, auto, or a provider (GET /providers/)")
+    gpu = GpuNeeds(required=False)
+    node_selector = StringMap(required=False, help_text="{label: glob}")
+    max_price_per_hour = s.FloatField(required=False, allow_null=True, min_value=0,
+                                      help_text="compared with the price paid (spot or on demand)")  # fmt: skip
+    capacity = s.ChoiceField(
+        choices=[c.value for c in JobCapacity],
+        required=False,
+        allow_null=True,
+        help_text="rented machines: on_demand (default), spot (interruptible), any (the cheaper)",
+    )
+    max_preemptions = s.IntegerField(required=False, allow_null=True, min_value=0, max_value=100,
+                                     help_text="preemptions not counted against max_attempts")  # fmt: skip
+    max_runtime_seconds = s.IntegerField(required=False, min_value=60, max_value=604800)
+    max_attempts = s.IntegerField(required=False, min_value=1, max_value=10)
+    priority = s.IntegerField(required=False, min_value=-100, max_value=100)
+
+
+class JobError(s.Serializer):
+    code = s.CharField()
+    message = s.CharField()
+    param = s.CharField(allow_null=True)
+
+
+@extend_schema_field(_OBJECT)
+class AnyObject(s.JSONField):
+    pass
+
+
+class Job(s.Serializer):
+    id = s.CharField(help_text="ftjob-…")
+    object = _enum(["fine_tuning.job"])
+    model = s.CharField()
+    created_at = s.IntegerField()
+    started_at = s.IntegerField(allow_null=True)
+    finished_at = s.IntegerField(allow_null=True)
+    estimated_finish = s.IntegerField(allow_null=True)
+    fine_tuned_model = s.CharField(allow_null=True, help_text="ft:<base>:<project>:<suffix>:<id>")
+    organization_id = s.CharField(help_text="the project")
+    status = _enum(
+        [str(v) for v in JobStatus],
+        help_text="OpenAI's, plus provisioning, finalizing, cancelling and paused",
+    )
+    training_file = s.CharField()
+    validation_file = s.CharField(allow_null=True)
+    result_files = s.ListField(child=s.CharField())
+    method = Method()
+    hyperparameters = Hyperparameters()
+    adapter = AnyObject()
+    seed = s.IntegerField()
+    suffix = s.CharField(allow_null=True)
+    user_provided_suffix = s.CharField(allow_null=True)
+    metadata = StringMap(allow_null=True)
+    integrations = s.ListField(child=s.DictField())
+    target = s.CharField()
+    priority = s.IntegerField()
+    max_runtime_seconds = s.IntegerField()
+    max_attempts = s.IntegerField()
+    gpu = AnyObject()
+    node_selector = StringMap()
+    max_price_per_hour = s.FloatField(allow_null=True)
+    capacity = _enum([c.value for c in JobCapacity])
+    max_preemptions = s.IntegerField()
+    preemptions = s.IntegerField(help_text="preemptions not counted against max_attempts so far")
+    estimated_cost = s.FloatField(allow_null=True)
+    cost = s.FloatField(allow_null=True, help_text="every attempt's machine time, as paid")
+    on_demand_cost = s.FloatField(
+        allow_null=True, help_text="the same machine time at on-demand rates (= cost unless spot)"
+    )
+    waiting_reason = s.CharField(allow_null=True)
+    trained_tokens = s.IntegerField(allow_null=True)
+    metrics = AnyObject(allow_null=True)
+    error = JobError(allow_null=True)
+
+
+JobList = page_of(Job, "JobList")
+
+
+class Event(s.Serializer):
+    id = s.CharField(help_text="ftevent-…")
+    object = _enum(["fine_tuning.job.event"])
+    created_at = s.IntegerField()
+    level = _enum(["debug", "info", "warning", "error"])
+    type = s.CharField(help_text="OpenAI's paths: metrics | message; native: trainhub's kind")
+    kind = s.CharField(
+        required=False, help_text="status, log, metrics, checkpoint, artifact, error, notification…"
+    )
+    message = s.CharField(allow_blank=True)
+    data = AnyObject()  # type: ignore[assignment]  # a field, as the body names it
+    attempt = s.IntegerField()
+
+
+EventList = page_of(Event, "EventList")
+
+
+class CheckpointMetrics(s.Serializer):
+    step = s.IntegerField(allow_null=True)
+    train_loss = s.FloatField(allow_null=True)
+    learning_rate = s.FloatField(allow_null=True)
+    epoch = s.FloatField(allow_null=True)
+
+
+class Checkpoint(s.Serializer):
+    id = s.CharField(help_text="ftckpt-…")
+    object = _enum(["fine_tuning.job.checkpoint"])
+    created_at = s.IntegerField()
+    fine_tuning_job_id = s.CharField()
+    fine_tuned_model_checkpoint = s.CharField()
+    step_number = s.IntegerField(allow_null=True)
+    attempt = s.IntegerField()
+    metrics = CheckpointMetrics()
+    bytes = s.IntegerField(allow_null=True)
+    sha256 = s.CharField(allow_null=True)
+
+
+CheckpointList = page_of(Checkpoint, "CheckpointList")
+
+
+class Artifact(s.Serializer):
+    id = s.CharField()
+    object = _enum(["fine_tuning.job.artifact"])
+    job_id = s.CharField()
+    kind = _enum(["adapter", "checkpoint", "logs"])
+    filename = s.CharField()
+    bytes = s.IntegerField()
+    sha256 = s.CharField()
+    verified = s.BooleanField()
+    created_at = s.IntegerField()
+
+
+ArtifactList = page_of(Artifact, "ArtifactList")
+
+
+# --- credentials, providers, offers -----------------------------------------------------------
+
+
+_SECRET = {"type": "string", "pattern": "^[!-~]{1,1024}$"}  # printable ASCII, no space
+
+
+def _credential_create(kind: str, fields: tuple[str, ...]) -> type[s.Serializer]:
+    """The create body of one credential kind: its provider and exactly its secret fields."""
+    secrets = {"type": "object", "properties": dict.fromkeys(fields, _SECRET),
+               "required": list(fields), "additionalProperties": False}  # fmt: skip
+    field = extend_schema_field(secrets)(type("Secrets", (s.JSONField,), {}))
+    return type(
+        f"{kind.title()}CredentialCreate",
+        (s.Serializer,),
+        {
+            "provider": _enum([kind]),
+            "name": s.CharField(required=False, max_length=100),
+            "secrets": field(help_text="write-only: stored encrypted, never returned"),
+        },
+    )
+
+
+# One body per kind, told apart by ``provider``: a schema-valid body names its kind's fields.
+CREDENTIAL_CREATES: dict[str, s.Serializer | type[s.Serializer]] = {
+    kind: _credential_create(kind, fields) for kind, fields in CREDENTIAL_KINDS.items()
+}
+CredentialCreate = PolymorphicProxySerializer(
+    component_name="CredentialCreate",
+    serializers=CREDENTIAL_CREATES,
+    resource_type_field_name="provider",
+)
+
+
+class Credential(s.Serializer):
+    id = s.IntegerField()
+    object = _enum(["provider_credential"])
+    provider = s.CharField()
+    name = s.CharField()
+    secret_fields = s.ListField(child=s.CharField())
+    created_at = s.IntegerField()
+    updated_at = s.IntegerField()
+
+
+CredentialList = page_of(Credential, "CredentialList")
+
+
+class Provider(s.Serializer):
+    id = s.CharField()
+    object = _enum(["provider"])
+    description = s.CharField()
+    credential_kind = s.CharField(allow_null=True)
+    has_offers = s.BooleanField()
+    usable = s.BooleanField()
+    problem = s.CharField(allow_null=True)
+    credential = AnyObject(allow_null=True)
+
+
+ProviderList = page_of(Provider, "ProviderList")
+
+
+class Offer(s.Serializer):
+    object = _enum(["offer"])
+    target = s.CharField()
+    offer_id = s.CharField()
+    gpu_name = s.CharField()
+    gpu_count = s.IntegerField()
+    vram_gb = s.FloatField()
+    price_per_hour = s.FloatField()
+    spot_price_per_hour = s.FloatField(allow_null=True)
+    available = s.BooleanField()
+    region = s.CharField(allow_blank=True)
+    machine_id = s.CharField(allow_blank=True)
+    details = AnyObject()
+
+
+OfferList = page_of(Offer, "OfferList")
+
+
+# --- nodes (operators and the nodes themselves) -----------------------------------------------
+
+
+class Node(s.Serializer):
+    id = s.CharField()
+    object = _enum(["gpu_node"])
+    status = s.CharField()
+    draining = s.BooleanField()
+    ephemeral = s.BooleanField()
+    labels = StringMap()
+    capabilities = AnyObject()
+    cached_models = s.ListField(
+        child=s.CharField(), help_text="base models the node reported complete on disk"
+    )
+    models_reported_at = s.IntegerField(allow_null=True, help_text="when it reported them")
+    current_job = s.CharField(allow_null=True)
+    current_attempt = s.IntegerField(allow_null=True)
+    last_heartbeat_at = s.IntegerField(allow_null=True)
+    registered_at = s.IntegerField(allow_null=True)
+    created_at = s.IntegerField()
+
+
+NodeList = page_of(Node, "NodeList")
+
+
+class NodeCreate(s.Serializer):
+    name = s.RegexField(
+        r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", max_length=100, help_text="its queue's name too"
+    )
+
+
+class NodeCreated(Node):
+    token = s.CharField(help_text="shown once")
+
+
+class NodeChanged(Node):
+    token = s.CharField(required=False, help_text="rotate-token only: the new token, shown once")
+
+
+class NodeEvent(s.Serializer):
+    object = _enum(["gpu_node.event"])
+    node = s.CharField()
+    kind = s.CharField()
+    message = s.CharField()
+    actor = s.CharField(allow_null=True)
+    created_at = s.IntegerField()
+
+
+NodeEventList = page_of(NodeEvent, "NodeEventList")
+
+
+class AttemptRef(s.Serializer):
+    job_id = s.CharField()
+    attempt = s.IntegerField(min_value=1)
+
+
+class NodeClaim(AttemptRef):
+    pass
+
+
+class NodeClaimed(s.Serializer):
+    spec = AnyObject(help_text="the executor's job spec (trainhub_contract/spec.py)")
+    report_token = s.CharField(help_text="speaks for this attempt's events only")
+
+
+class NodeHeartbeat(s.Serializer):
+    registration = AnyObject(required=False, help_text="GPUs, labels, backend (node.py)")
+    running = s.ListField(child=s.JSONField(), required=False, min_length=2, max_length=2,
+                          help_text="[job_id, attempt] the node runs")  # fmt: skip
+    stopping = s.BooleanField(required=False, help_text="true: a clean shutdown")
+    models = s.ListField(
+        child=s.CharField(max_length=MAX_NAME),
+        required=False,
+        max_length=MAX_MODELS,
+        help_text="the base models cached on the node: hub ids 'owner/name' and absolute "
+        "paths (gpu_worker/model_cache.py)",
+    )
+
+
+class StopRequest(AttemptRef):
+    mode = _enum(["cancel", "pause"], required=False, help_text="pause: checkpoint first")
+
+
+class NodeHeartbeatAnswer(s.Serializer):
+    cancel = StopRequest(many=True)
+
+
+class NodeEvents(s.Serializer):
+    events = s.ListField(child=s.DictField(), help_text="the executor's events (seq, type…)")
+
+
+class NodeEventsStored(s.Serializer):
+    stored = s.IntegerField()
+
+
+class WebhookReceived(s.Serializer):
+    received = s.BooleanField()
+
+
+# --- outbound webhooks (api/webhook_endpoint_views.py) ------------------------------------
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"type": "string", "enum": list(WEBHOOK_EVENT_TYPES)},
+        "minItems": 1,
+        "description": "a type named twice counts once",
+    }
+)
+class WebhookEventTypes(s.JSONField):
+    pass
+
+
+class WebhookEndpointCreate(s.Serializer):
+    url = s.URLField(
+        max_length=2048,
+        help_text="https:// (http only where the operator allows it); a public address unless "
+        "the operator allows the network; redirects are not followed",
+    )
+    event_types = WebhookEventTypes()
+    description = s.CharField(required=False, allow_blank=True, max_length=200)
+    enabled = s.BooleanField(required=False, default=True)
+
+
+class WebhookEndpointUpdate(s.Serializer):
+    url = s.URLField(required=False, max_length=2048)
+    event_types = WebhookEventTypes(required=False)
+    description = s.CharField(required=False, allow_blank=True, max_length=200)
+    enabled = s.BooleanField(required=False, help_text="true also clears an auto-disable")
+
+
+class WebhookEndpoint(s.Serializer):
+    id = s.CharField(help_text="whep-…")
+    object = _enum(["webhook_endpoint"])
+    url = s.CharField()
+    description = s.CharField(allow_blank=True)
+    event_types = s.ListField(child=_enum(list(WEBHOOK_EVENT_TYPES)))
+    enabled = s.BooleanField()
+    disabled_reason = s.CharField(allow_null=True, help_text="why it is disabled, if it is")
+    failing_since = s.IntegerField(
+        allow_null=True, help_text="start of the current run of failed tries (Unix seconds)"
+    )
+    previous_secret_expires_at = s.IntegerField(
+        allow_null=True, help_text="after a rotation: until when the old secret also signs"
+    )
+    created_at = s.IntegerField()
+    updated_at = s.IntegerField()
+
+
+WebhookEndpointList = page_of(WebhookEndpoint, "WebhookEndpointList")
+
+
+class WebhookEndpointWithSecret(WebhookEndpoint):
+    secret = s.CharField(help_text="whsec_…: the Standard Webhooks signing secret, shown this once")
+
+
+class WebhookAttemptOut(s.Serializer):
+    number = s.IntegerField()
+    started_at = s.IntegerField()
+    status_code = s.IntegerField(allow_null=True)
+    latency_ms = s.IntegerField()
+    response_excerpt = s.CharField(allow_blank=True, help_text="the first KiB of the answer")
+    error = s.CharField(allow_null=True)
+
+
+class WebhookDeliveryOut(s.Serializer):
+    id = s.CharField(help_text="msg_…: the webhook-id header, the same on every try")
+    object = _enum(["webhook_endpoint.delivery"])
+    endpoint_id = s.CharField()
+    event_id = s.CharField(help_text="evt_…: the body's id")
+    event_type = _enum(list(WEBHOOK_EVENT_TYPES))
+    job_id = s.CharField()
+    status = _enum(["pending", "succeeded", "failed"])
+    created_at = s.IntegerField()
+    delivered_at = s.IntegerField(allow_null=True)
+    next_attempt_at = s.IntegerField(allow_null=True)
+    last_status_code = s.IntegerField(allow_null=True)
+    last_error = s.CharField(allow_null=True)
+    payload = AnyObject(help_text="the body sent (OpenAI's webhook event shape)")
+    attempts = WebhookAttemptOut(many=True)
+
+
+WebhookDeliveryList = page_of(WebhookDeliveryOut, "WebhookDeliveryList")
+
+
+# --- the audit trail (staff) ------------------------------------------------------------------
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {
+            "type": "object",
+            "properties": {"from": {}, "to": {}},
+            "required": ["from", "to"],
+        },
+    }
+)
+class AuditChanges(s.JSONField):
+    pass
+
+
+class AuditEntry(s.Serializer):
+    id = s.CharField(help_text="audit-…")
+    object = _enum(["audit_entry"])
+    created_at = s.IntegerField()
+    actor = s.CharField(help_text="username, manage.py command, or system")
+    # Serializer's own `source` attribute is not this field (DRF collects declared fields).
+    source = _enum(["api", "admin", "cli", "system"])  # type: ignore[assignment]
+    api_key_prefix = s.CharField(allow_null=True, help_text="the key's public prefix (source api)")
+    action = s.CharField(help_text="<object>.<verb>, e.g. job.cancel, api_key.revoke")
+    object_type = s.CharField()
+    object_id = s.CharField(help_text="public id, name or key prefix")
+    object_repr = s.CharField(allow_blank=True)
+    project = s.CharField(allow_null=True, help_text="the project's slug")
+    changes = AuditChanges(help_text='{"field": {"from", "to"}}; secrets only as "set"/"rotated"')
+
+
+AuditEntryList = page_of(AuditEntry, "AuditEntryList")

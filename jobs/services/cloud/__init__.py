@@ -1,0 +1,1 @@
+"""Rented GPUs: offers, launch, the SSH drive, polling, reconcile, provider webhooks."""

@@ -1,0 +1,1 @@
+"""A job and its attempts: create, status, events, costs, files, artifacts, stop."""

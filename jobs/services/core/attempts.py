@@ -1,0 +1,327 @@
+"""Attempts: start, leases, executor reports, and their end (cloud ones after launch:
+services.polling and services.stopping).
+
+An attempt ends exactly once (conditional UPDATE on ``ended_at IS NULL``); how it ended
+decides where the job goes: back to the queue while attempts remain, failed, or cancelled.
+A paused job stays paused whatever stopped its attempt (it was to stop), unless the attempt
+failed for a reason a resume would meet again (OOM, a bad dataset...): then the job fails as a
+running one would, and a retry still resumes from its newest checkpoint.
+
+A preempted attempt (a spot machine taken back) requeues the job without counting against
+``max_attempts``, for up to ``max_preemptions`` preemptions since the last manual retry
+(``TrainingJob.preemptions`` counts them); later ones count like any lost attempt. Like a
+pause, a forgiven preemption moves ``attempt_budget_start`` up by one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.errors import InvalidTransition
+from jobs.models import JobAttempt, TrainingJob
+from jobs.services.core import costs
+from jobs.services.core.events import (
+    clean_executor_event,
+    event_append,
+    events_store,
+    events_within_caps,
+)
+from jobs.services.core.status import job_transition
+from jobs.services.fleet.nodes import node_release
+from jobs.services.outbox import messages
+from jobs.states import EndReason, JobStatus
+from providers.base import MACHINE_PREFIX, Capacity, Handle
+from trainhub_contract.outcomes import Outcome
+
+log = logging.getLogger(__name__)
+S = JobStatus
+
+
+def _lease_deadline() -> Any:
+    return timezone.now() + timedelta(seconds=settings.TRAINHUB_LEASE_TTL_SECONDS)
+
+
+def attempt_live(*, job: TrainingJob) -> JobAttempt | None:
+    return job.attempts.filter(ended_at__isnull=True).first()
+
+
+def machine_name(attempt: JobAttempt) -> str:
+    """What a rented machine is called: how the reconciler recognises ours."""
+    return f"{MACHINE_PREFIX}{attempt.job.public_id}-a{attempt.number}"
+
+
+def machine_handle(attempt: JobAttempt) -> Handle:
+    """How the provider knows the attempt's machine."""
+    return Handle(instance_id=attempt.provider_instance_id, name=machine_name(attempt))
+
+
+def parse_machine_name(name: str) -> tuple[str, int] | None:
+    """(job public id, attempt number) of one of our machine names; None for any other."""
+    job_id, _, number = name.removeprefix(MACHINE_PREFIX).rpartition("-a")
+    if not name.startswith(MACHINE_PREFIX) or not job_id or not number.isdigit():
+        return None
+    return job_id, int(number)
+
+
+def attempt_start(*, job: TrainingJob, target: str, node_name: str = "") -> JobAttempt:
+    """Create the next attempt and move the job queued → provisioning, in one transaction."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        number = (
+            job.attempts.order_by("-number").values_list("number", flat=True).first() or 0
+        ) + 1
+        moved = job_transition(
+            job=job,
+            to=S.PROVISIONING,
+            message=f"Attempt {number} starting on {target}.",
+            data={"attempt": number, "target": target},
+        )
+        if not moved:  # already provisioning: another dispatcher (or a redelivery) got here first
+            raise InvalidTransition(job.status, S.PROVISIONING)
+        return JobAttempt.objects.create(
+            job=job,
+            number=number,
+            target=target,
+            node_name=node_name,
+            lease_expires_at=_lease_deadline(),
+        )
+
+
+def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") -> bool:
+    """End a live attempt and move its job accordingly; False if it had already ended."""
+    with transaction.atomic():
+        ended = JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+            ended_at=timezone.now(), end_reason=reason
+        )
+        if not ended:
+            return False
+        settled = None
+        if attempt.on_own_fleet:
+            node_release(attempt=attempt)
+        else:
+            settled = costs.attempt_settle_cost(attempt_pk=attempt.pk)
+        job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
+        if job.status == S.PAUSED and reason == EndReason.CANCELLED:
+            reason = EndReason.PAUSED  # the stop the pause asked for
+            JobAttempt.objects.filter(pk=attempt.pk).update(end_reason=reason)
+        detail = message or reason.value.replace("_", " ")
+        event_append(
+            job=job,
+            type="status",
+            level="info" if reason == EndReason.SUCCEEDED else "warning",
+            message=f"Attempt {attempt.number} ended: {detail}.",
+            data={"attempt": attempt.number, "end_reason": str(reason)},
+        )
+        if settled is not None:
+            _note_spot_saving(job, settled)
+        if reason == EndReason.SUCCEEDED:
+            pass  # the job moves on through finalizing → succeeded at ingest
+        elif job.status == S.PAUSED:
+            _end_while_paused(job, attempt, reason, detail)
+        elif job.status == S.CANCELLING:
+            job_transition(job=job, to=S.CANCELLED, message="Job cancelled.")
+        elif job.status in (S.PROVISIONING, S.RUNNING, S.FINALIZING):
+            forgiven = job.status != S.FINALIZING and _forgive_preemption(job, reason)
+            used = job.attempts_counted(attempt.number)
+            if reason.retryable and used < job.max_attempts and job.status != S.FINALIZING:
+                free = (
+                    f"preemption {job.preemptions} of {job.max_preemptions} not counted; "
+                    if forgiven
+                    else ""
+                )
+                job_transition(
+                    job=job,
+                    to=S.QUEUED,
+                    message=f"Requeued after attempt {attempt.number} ({detail}); "
+                    f"{free}{job.max_attempts - used} attempt(s) left.",
+                    data={"preemptions": job.preemptions} if forgiven else None,
+                )
+            else:
+                suffix = f" after {used} attempt(s)" if reason.retryable else ""
+                job_transition(
+                    job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}"
+                )
+    if attempt.provider_instance_id:  # however it ended, its machine must stop billing
+        messages.send_stop_machines(attempt.job_id)
+    return True
+
+
+def _forgive_preemption(job: TrainingJob, reason: EndReason) -> bool:
+    """A preemption within the job's ``max_preemptions`` does not count against
+    ``max_attempts``: the budget's start moves up by one (as for a pause). The job row is
+    locked by the caller."""
+    if reason != EndReason.PREEMPTED or job.preemptions >= job.max_preemptions:
+        return False
+    TrainingJob.objects.filter(pk=job.pk).update(
+        attempt_budget_start=F("attempt_budget_start") + 1, preemptions=F("preemptions") + 1
+    )
+    job.attempt_budget_start += 1
+    job.preemptions += 1
+    return True
+
+
+def _note_spot_saving(job: TrainingJob, attempt: JobAttempt) -> None:
+    """A spot attempt's cost against what its machine time would have cost on demand."""
+    if attempt.capacity != Capacity.SPOT or attempt.cost is None or attempt.on_demand_cost is None:
+        return
+    saved = attempt.on_demand_cost - attempt.cost
+    event_append(
+        job=job,
+        type="log",
+        message=f"Attempt {attempt.number} ran on spot for ${attempt.cost:.2f}; on demand it "
+        f"would have cost ${attempt.on_demand_cost:.2f} (saved ${saved:.2f}).",
+        data={
+            "attempt": attempt.number,
+            "capacity": attempt.capacity,
+            "cost": float(attempt.cost),
+            "on_demand_cost": float(attempt.on_demand_cost),
+            "saved": float(saved),
+        },
+    )
+
+
+def _end_while_paused(
+    job: TrainingJob, attempt: JobAttempt, reason: EndReason, detail: str
+) -> None:
+    """The paused job's attempt ended: it stays paused, unless the attempt failed for a reason
+    a resume would meet again (not a stop, not a lost machine)."""
+    if reason in (EndReason.PAUSED, EndReason.CANCELLED) or reason.retryable:
+        return
+    job_transition(
+        job=job,
+        to=S.FAILED,
+        error_code=reason.value,
+        message=f"{detail} (attempt {attempt.number}, while pausing)",
+    )
+
+
+def attempt_request_stop(*, attempt: JobAttempt, pause: bool = False) -> None:
+    """Ask whatever runs the attempt to stop (after commit). The job stays cancelling (or
+    paused, with the attempt live) until the stop is confirmed or the lease expires. A node
+    attempt not claimed yet has nothing running: it ends now, and the node's claim of it will
+    be refused; a claimed one is stopped by its node, whose supervisor asks every few seconds
+    (nodes.node_stop_requests; a paused job's attempt is asked to save a checkpoint first).
+    Cloud machines are stopped by services.stopping (an SSH-driven one that runs the executor
+    is asked to checkpoint first, on its polls)."""
+    if pause:
+        JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+            pause_requested_at=timezone.now()
+        )
+    if attempt.node_name:
+        unclaimed = JobAttempt.objects.filter(
+            pk=attempt.pk, claimed_at__isnull=True, ended_at__isnull=True
+        ).exists()
+        if unclaimed:
+            attempt_end(
+                attempt=attempt,
+                reason=EndReason.PAUSED if pause else EndReason.CANCELLED,
+                message=f"{'paused' if pause else 'cancelled'} before start",
+            )
+        return
+    messages.send_stop_machines(attempt.job_id)
+
+
+def attempt_renew_lease(*, attempt: JobAttempt) -> None:
+    JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+        lease_expires_at=_lease_deadline()
+    )
+
+
+def attempts_expire_leases() -> int:
+    """End every live attempt whose lease ran out (node died, poll lost it); returns count."""
+    expired = JobAttempt.objects.filter(ended_at__isnull=True, lease_expires_at__lt=timezone.now())
+    count = 0
+    for attempt in expired.iterator():
+        count += attempt_end(
+            attempt=attempt,
+            reason=EndReason.LEASE_EXPIRED,
+            message=f"no heartbeat for {settings.TRAINHUB_LEASE_TTL_SECONDS} s; worker lost",
+        )
+    return count
+
+
+# --- executor reports -------------------------------------------------------------------------
+
+
+def attempt_record_events(
+    *,
+    job_id: str,
+    attempt_number: int,
+    events: Iterable[object],
+) -> int:
+    """Store an executor's event batch and apply its status reports; returns events stored.
+
+    Events of an attempt that is not the job's live one are dropped: a late or duplicate
+    message from an outdated attempt must never move the job. Who may report for which
+    attempt is decided before this is called (a node attempt: its report token, checked by
+    the events endpoint; a cloud attempt: read by the control plane from its provider).
+    """
+    attempt = (
+        JobAttempt.objects.select_related("job")
+        .filter(job__public_id=job_id, number=attempt_number, ended_at__isnull=True)
+        .first()
+    )
+    if attempt is None:
+        log.info("dropping events for %s attempt %s: not the live attempt", job_id, attempt_number)
+        return 0
+    cleaned = [e for e in (clean_executor_event(raw) for raw in events) if e is not None]
+    kept = events_within_caps(job=attempt.job, attempt=attempt_number, events=cleaned)
+    stored = events_store(job=attempt.job, attempt=attempt_number, events=kept)
+    attempt_renew_lease(attempt=attempt)
+    for event in stored:
+        if event.type == "status":
+            outcome = _outcome(event.data.get("status"))
+            if outcome is not None:
+                apply_outcome(attempt, outcome, event.data, event.message)
+        elif event.type == "error":
+            apply_outcome(attempt, Outcome.FAILED, event.data, event.message)
+    return len(stored)
+
+
+_OUTCOMES = frozenset(o.value for o in Outcome)
+
+
+def _outcome(value: object) -> Outcome | None:
+    """The reported status as an Outcome; None for one this control plane does not act on
+    (remote input)."""
+    if isinstance(value, str) and value in _OUTCOMES:
+        return Outcome(value)
+    return None
+
+
+def apply_outcome(
+    attempt: JobAttempt, outcome: Outcome, data: dict[str, Any], message: str
+) -> None:
+    """Act on what the executor (or the provider, for it) reported about the attempt."""
+    job = TrainingJob.objects.get(pk=attempt.job_id)
+    if outcome is Outcome.RUNNING and job.status == S.PROVISIONING:
+        JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
+        job_transition(job=job, to=S.RUNNING, message="Training started.")
+    elif outcome is Outcome.SUCCEEDED and job.status in (S.RUNNING, S.PAUSED):
+        # Paused: the run finished before the pause reached it; its adapter is kept.
+        job_transition(
+            job=job, to=S.FINALIZING, message="Training finished; verifying the adapter."
+        )
+        messages.send_ingest_artifact(attempt.pk, str(data.get("sha256", "")))
+    elif outcome is Outcome.FAILED:
+        try:
+            reason = EndReason(data.get("code", "internal_error"))
+        except ValueError:
+            reason = EndReason.INTERNAL_ERROR
+        attempt_end(attempt=attempt, reason=reason, message=message)
+    elif outcome is Outcome.CANCELLED:
+        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message=message)
+
+
+def report_finished(attempt: JobAttempt, message: str = "") -> None:
+    """The run finished; it may never have been seen running (it ran between two polls)."""
+    apply_outcome(attempt, Outcome.RUNNING, {}, "")  # only moves a job still provisioning
+    apply_outcome(attempt, Outcome.SUCCEEDED, {}, message)

@@ -1,0 +1,1 @@
+"""The operator's GPU nodes: tokens, registration, heartbeats, drain and status."""

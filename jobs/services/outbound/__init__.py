@@ -1,0 +1,1 @@
+"""What trainhub tells the outside: webhook endpoints and deliveries, e-mail notifications."""

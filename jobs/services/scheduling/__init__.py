@@ -1,0 +1,1 @@
+"""Where a queued job goes next (placement) and handing an attempt to a node (dispatch)."""
