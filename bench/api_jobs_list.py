@@ -2,15 +2,62 @@
 
 Seeds (once) a dedicated database with 100,000 jobs in one project and one job with 10,000
 events, starts ``gunicorn trainhub.wsgi -w 2``, and times N sequential requests per scenario
-with a bearer key. Prints p50/p95/p99/max and PASS/FAIL against the p95 goal, plus the SQL
-queries each request makes (counted in-process). Always exits 0 unless it could not run.
+with a bearer key. Prints p50/p95/p99/max and PASS/FAIL against the p95 goal (50 ms), plus the
+SQL queries each request makes (counted in-process). Always exits 0 unless it could not run.
 
     .venv/bin/python bench/api_jobs_list.py [--reseed] [--requests 200] [--explain]
+        [--warmup 20] [--workers 2] [--jobs 100000] [--events 10000] [--database-url URL]
+
+``make bench`` runs it with the defaults. About 30 s (22 s with the seed reused).
 
 Database: ``--database-url``, else ``BENCH_DATABASE_URL``, else ``DATABASE_URL`` with ``_bench``
 appended to its database name (so ``make bench``, which exports the test database's URL, never
 seeds it), else ``postgres://postgres@127.0.0.1:5432/trainhub_bench``. Created if missing.
-See docs/BENCHMARKS.md for the method and the figures.
+
+Scenarios (``<id>`` is the job with the events):
+
+    jobs first page      GET /api/v1/jobs/?limit=20
+    jobs deep page       GET /api/v1/jobs/?limit=20&after=<the job 90,000 rows below the newest>
+    jobs status=queued   GET /api/v1/jobs/?status=queued&limit=20   (2,954 queued jobs)
+    events first page    GET /api/v1/jobs/<id>/events/?limit=100
+    events deep page     GET /api/v1/jobs/<id>/events/?limit=100&after=ftevent-...-9900
+
+Method:
+
+1. Database. The bench creates its database with psycopg if needed, runs ``migrate`` and seeds
+   once. Later runs check the row counts and reuse the seed; ``--reseed`` drops the database
+   and builds it again. ``ANALYZE`` runs before every measurement.
+2. Seed, bulk-loaded with ``COPY`` (psycopg ``cursor.copy``), about 10 s:
+   - one user, one project and one processed ``TrainingFile``; about 25% of the jobs also use
+     that file as their validation file, so the LEFT JOIN finds a row;
+   - 100,000 ``TrainingJob`` rows created over one year, ids in creation order. Statuses:
+     succeeded 60%, failed 19% (with error codes and messages), cancelled 14%, queued 3%,
+     running 1.5%, provisioning 1%, validating_files / finalizing / cancelling 0.5% each.
+     Targets: local 45%, runpod 30%, lambda 15%, vastai 10%. Six base models. The adapter,
+     hyperparameters and ``latest_metrics`` JSON are filled in realistically;
+   - one recent succeeded job (the 51st newest) with a ``JobAttempt`` and 10,000 ``JobEvent``
+     rows numbered 1..10000: control-plane status events on attempt 0 with seq = number, the
+     executor's stream on attempt 1 with seq 0.. (metrics 66%, log 32%, heartbeat, checkpoint,
+     artifact); ``(job, attempt, seq)`` is unique.
+   The jobs table is 74 MB of heap, 118 MB with its indexes: it fits in ``shared_buffers``, so
+   every run is warm-cache.
+3. Server. ``gunicorn trainhub.wsgi -b 127.0.0.1:<free port> -w 2`` with the bench's
+   ``DATABASE_URL`` and the default ``CONN_MAX_AGE=60`` (each worker keeps its connection),
+   stopped in a ``finally`` block.
+4. Client. A ``requests.Session`` sends ``Authorization: Bearer <key>`` with a fresh key from
+   ``api_key_create``; the previous run's keys are revoked. Warm-up: 20 rounds over all five
+   paths (so both workers have served every path), then 5 more requests per scenario. Then
+   200 sequential requests per scenario, each timed with ``perf_counter`` around ``get()``
+   plus reading the body and checked for HTTP 200 and the expected row count. Percentiles are
+   nearest-rank. gunicorn's sync worker closes the connection after each response, so every
+   request includes a loopback TCP connect.
+5. In-process figures, from the same script: ``queries`` (the SQL statements of one request,
+   from ``CaptureQueriesContext`` and ``django.test.Client(HTTP_HOST="localhost")``), ``sql``
+   (the median of their summed round trips, from ``connection.execute_wrapper``) and
+   ``in-proc`` (the p50 of 100 requests through ``django.test.Client``: no HTTP, no gunicorn).
+6. ``--explain`` prints every statement with ``EXPLAIN (ANALYZE, BUFFERS)``.
+
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -12,9 +12,26 @@ SHA-256 of the whole bundle. For each backend it prints
   HTTP server on the same 2 cores) is slower than real S3.
 
     .venv/bin/python bench/artifact_ingest.py [--size-mib 1024] [--repeat 3] [--backends local,s3]
+        [--goal-ratio 0.9] [--goal-rss-mb 64]
+
+How it measures:
+
+- The bundle is written as the executor writes it (``write_bundle``: manifest first, then a
+  ``--size-mib`` ``adapter_model.safetensors`` of a repeated random MiB, and a config file).
+- Baselines on the same file, best of ``--repeat``: ``sha256sum FILE`` (a process), and one
+  hashlib SHA-256 pass in this process (1 MiB reads). The second is the stricter: a
+  ``sha256sum`` build that does not use the CPU's SHA instructions is several times slower
+  than OpenSSL behind hashlib.
+- Ingest, best of ``--repeat``. Local: the bundle stored with ``storage.save_stream`` into a
+  folder backend. S3: moto's server as a process on loopback, the bundle stored through the S3
+  backend (multipart, 8 MiB parts); also timed, a plain drain of ``read_chunks`` (the download
+  alone).
+- Peak RSS growth of the benchmarking process: ``/proc/self/clear_refs`` (5) resets VmHWM
+  before each run; the figure is VmHWM minus VmRSS before it. moto's own memory is its
+  process's, not counted.
 
 Needs no database or broker; S3 is moto's server on loopback. About 1-2 min on 2 cores.
-Figures and method: docs/BENCHMARKS.md.
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -20,14 +20,61 @@ job at a time on an idle node, it times:
   executor command run by this script on a real attempt spec with a JSON-lines sink, whose
   events keep the executor's own ``ts`` (the control plane does not store it).
 
-    .venv/bin/python bench/dispatch_latency.py [--jobs 50] [--first-step 5] [--keep-logs]
+    .venv/bin/python bench/dispatch_latency.py [--jobs 50] [--warmup 3] [--first-step 5]
+        [--control-pool prefork|solo|threads] [--keep-logs]
 
 Database: ``--database-url``, else ``BENCH_DISPATCH_DATABASE_URL``, else ``DATABASE_URL``'s
 server with the database ``trainhub_dispatch_bench``, else that name on 127.0.0.1. It is dropped
 and created again on every run (its name must contain ``dispatch_bench``). Broker: ``--broker-url``
 (default ``redis://127.0.0.1:6379/3``, not the tests' database). Exits 0 once measured (the
-verdict is printed), 1 if it could not run. About 4 minutes on 2 cores. Method and figures:
-docs/BENCHMARKS.md.
+verdict is printed), 1 if it could not run. About 4 minutes on 2 cores (``--first-step 0``:
+2 minutes).
+
+How it measures:
+
+- Processes. The control-plane worker runs as ``celery -A trainhub worker -Q default -P prefork
+  -c 2 -l info --without-gossip --without-mingle``; the node as ``celery -A
+  gpu_worker.celery_app worker -c 1 --prefetch-multiplier 1 -n bench-node@%h -l info
+  --without-gossip --without-mingle``, its environment holding the broker and a token from
+  ``node_create``, plus ``TRAINHUB_NODE_GPUS=""``, a 1 s heartbeat,
+  ``TRAINHUB_NODE_CANCEL_GRACE_SECONDS=1``, ``OMP_NUM_THREADS=1`` and ``HF_HUB_OFFLINE=1``.
+  All processes share one ``DJANGO_SECRET_KEY``, a temporary storage directory, and the tiny
+  model built offline and allowed through ``TRAINHUB_ALLOWED_MODELS``. The two queues the
+  bench uses are purged at start.
+- Setup. A user, project and API key through the services; the script waits for the node to
+  be ``idle``, uploads the demo chats through the API and waits until the file is
+  ``processed``.
+- One job at a time. Before each POST the script waits until the ``GpuNode`` row is ``idle``
+  and the node worker has logged the end of every earlier ``run_attempt`` task (the row turns
+  idle when the attempt ends, a moment before the supervisor returns), then 0.2 s more. The
+  POST uses a keep-alive ``requests`` session; the job is the tiny model, LoRA r=8, 1 epoch,
+  batch 4. The lower bound's log line is written by the worker's main process before it hands
+  the task to its pool child.
+- Ending each job. As soon as ``claimed_at`` is set the job is cancelled through the API; with
+  the 1 s grace the supervisor SIGTERMs the executor during its imports and the job ends
+  ``cancelled``. Each job takes about 3 s.
+- Counting. 3 warm-up jobs are not counted (the first job after start takes 130-240 ms); then
+  ``--jobs`` are timed. Percentiles are nearest-rank.
+- Segments. The interval is split at stamps from the database (``TrainingJob.created_at``,
+  ``JobAttempt.created_at``, ``claimed_at``), from the control worker's log (``Task
+  trainhub.dispatch[...] received``, and ``dispatched <job> attempt 1 to node ...``, logged
+  after the placing transaction committed and the ``run_attempt`` message was published) and
+  from the node worker's ``received`` line. The logs have 1 ms resolution; all processes share
+  one clock. The script prints medians and means of each segment.
+- Executor start -> first step. Each such job trains on the node until its first ``metrics``
+  event is stored, and is then cancelled. The script then runs the supervisor's command
+  itself, ``python -m gpu_worker run spec.json --workdir ... --cancel-file ...`` with the
+  node's environment, on the spec from ``attempt_spec()`` for that attempt (fresh signed URLs,
+  so the dataset is downloaded from gunicorn; the fleet's report block with a JSON-lines sink).
+  A separate run is needed because the control plane drops the executor's ``ts``. The
+  interval runs from ``time.time()`` just before ``Popen`` to the ``ts`` of the first
+  ``metrics`` event (taken in the Trainer's ``on_log`` after optimizer step 1): interpreter
+  start, imports, backend choice, download with its sha256 check, model load with LoRA,
+  tokenization, building the Trainer, and the first step. The in-fleet job gives cross-checks
+  from the node's log: the supervisor's ``starting attempt`` line and the executor's
+  ``training backend:`` line, written after torch is imported.
+
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,23 @@ and of start -> running, and the ratio of the medians (goal: warm <= 2 s median)
 
     .venv/bin/python bench/executor_start.py [--runs 10]
 
-About 4 minutes on 2 cores. Method and figures: docs/BENCHMARKS.md.
+How it measures:
+
+- Both kinds run the real executor (``python -m gpu_worker``) on a spec with ``file://`` URLs:
+  the tiny model (built once, offline), the 60 demo chats, one epoch, LoRA r 8, batch 4,
+  max_seq_length 128, a JSON-lines event sink; ``TRAINHUB_*`` cleared, ``OMP_NUM_THREADS=1``.
+- Cold: t0 = just before ``subprocess.Popen([python, -m, gpu_worker, run, spec, --workdir
+  ...])``, as the supervisor's cold fallback does.
+- Warm: ``WarmExecutor.spawn`` (``python -m gpu_worker warm``), then ``ready()`` waits for the
+  "ready" line on its pipe (not timed); t0 = just before ``hand()`` writes the order to its
+  stdin.
+- The first step's ``ts`` is the executor's own clock; the bench checks that the event is
+  step 1. Every run must succeed.
+- ``--runs`` of each, alternating cold/warm and warm/cold so drifting load hits both alike.
+- A warm process runs one attempt and exits (that is what frees an attempt's GPU memory), so
+  each warm run spawns a fresh one, as the node does after every attempt.
+
+About 4 minutes on 2 cores. Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

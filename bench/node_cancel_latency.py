@@ -4,16 +4,20 @@ A node can't be sent anything but its own queue's doorbell, so a cancel is pulle
 attempt runs, the supervisor sends a heartbeat naming it every
 ``TRAINHUB_NODE_CONTROL_POLL_SECONDS`` (default 2 s, used here) and writes the attempt's cancel
 file, which the executor watches, when the answer names the attempt. The same real processes as
-``dispatch_latency.py`` (gunicorn, a control-plane worker, a CPU node on Redis as its own ACL
-user, no beat). For each job: wait until its node claimed it, wait a random 0-2 s (so the
-cancel lands anywhere in the poll period), then time ``t0`` = just before the cancel POST to
-the supervisor's ``cancel requested for <job> attempt 1`` log line (written right after the
-cancel file). Prints p50/p95/max over ``--jobs`` jobs, PASS/FAIL against p95 <= 5 s.
+``dispatch_latency.py`` (gunicorn ``-w 2``, a prefork control-plane worker, a CPU node on Redis
+as its own ACL user, no beat). For each job, one at a time: submit it (50 epochs, so it is
+still training), wait until its node claimed it, wait a uniform random 0-2 s (so the cancel
+lands anywhere in the poll period), then time ``t0`` = just before the cancel POST to the
+supervisor's ``cancel requested for <job> attempt 1`` log line (written right after the cancel
+file; same machine clock, ms resolution). The job must then end ``cancelled`` and the node be
+free before the next one. Prints p50/p95/max/mean over ``--jobs`` jobs, PASS/FAIL against
+p95 <= 5 s.
 
     .venv/bin/python bench/node_cancel_latency.py [--jobs 30] [--keep-logs]
 
-Database and broker as in dispatch_latency.py (the database is dropped and created again).
-About 3 minutes on 2 cores. Method and figures: docs/BENCHMARKS.md.
+Database and broker as in dispatch_latency.py (``--database-url``, ``--broker-url``; the
+database is dropped and created again). About 3 minutes on 2 cores. Figures:
+docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

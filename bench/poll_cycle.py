@@ -28,6 +28,8 @@ Prints PASS/FAIL for: never over the limit (0 rate-limit 429s and <= 2,000 calls
 window), staleness p95 <= 30 s, poller CPU <= 50% of a core.
 
     .venv/bin/python bench/poll_cycle.py [--jobs 5000] [--duration 180] [--profile FILE]
+        [--interval 10] [--latency 0.05] [--queue-min 15] [--queue-max 150] [--seed 7]
+        [--submit-threads 32] [--keep-logs]
 
 ``--profile FILE`` writes a cProfile of the cycles' main thread (selecting, applying and
 writing; the status calls run in the adapter's thread pool, which it does not see).
@@ -37,7 +39,39 @@ with the database ``trainhub_poll_bench``, else that name on 127.0.0.1. It is dr
 created again on every run (its name must contain ``poll_bench``). Rate limiter: ``--redis-url``
 (default ``redis://127.0.0.1:6379/5``; its ``trainhub:ratelimit:*`` keys are deleted first).
 Exits 0 once measured (the verdicts are printed), 1 if it could not run. About 3.5 minutes
-with the defaults. Method and figures: docs/BENCHMARKS.md.
+with the defaults, e.g.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainhub .venv/bin/python bench/poll_cycle.py
+
+How it measures, step by step:
+
+1. Database: dropped, created and migrated; ``django.setup()`` runs in-process with
+   ``RUNPOD_SERVERLESS_URL`` = the fake, ``RUNPOD_ENDPOINT_ID=bench-ep`` and
+   ``TRAINHUB_LOCK_REDIS_URL`` = the ``--redis-url``.
+2. The fake: ``python -m tests.fakes.runpod_api --port 0 --latency 0.05 --rate-limit
+   run=1000000/10``, a separate process so its CPU is not the poller's. The status limit stays
+   at its default (2,000 per 10 s, sliding window, 429 with Retry-After); no failures are
+   injected.
+3. Jobs: 5,000 ``POST /bench-ep/run`` from ``--submit-threads`` threads (about 8.5 s), with a
+   7-day ``executionTimeout`` so nothing times out; the fake keeps every job ``IN_QUEUE`` until
+   it is scripted. Then seeded in one ``bulk_create`` each (1.5 s): one user, project,
+   ``runpod`` credential (``credential_create``) and processed ``TrainingFile``, and 5,000
+   ``provisioning`` ``runpod-serverless`` jobs, each with one live attempt (number 1,
+   ``provider_instance_id`` = the fake's id, lease 7 days ahead, ``next_poll_at`` NULL). Then
+   each job is scripted through ``POST /_fake/script`` (``--seed``): ``IN_QUEUE`` ->
+   ``IN_PROGRESS`` at a time uniform in ``--queue-min``..``--queue-max`` s after the poll
+   starts, then running for the rest of the bench.
+4. Poller: ``attempts_poll_target(target="runpod-serverless")`` at t = 0, 10, 20, ... s for
+   ``--duration`` s (18 cycles by default): the body of ``poll_target`` without Celery and its
+   lock.
+5. Staleness: the change times come from the fake's ``/_fake/status_changes`` (same clock);
+   nearest-rank percentiles.
+6. Limit: ``/_fake/stats`` gives the status calls, 429s from the rate limit (and injected
+   ones) and the most status calls in any 10 s window, refused calls included.
+7. CPU: besides this process, the fake's and the PostgreSQL backend's CPU from
+   ``/proc/<pid>/stat``, and all processes together from ``/proc/stat``. Redis is not counted.
+
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

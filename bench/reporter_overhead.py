@@ -5,9 +5,10 @@ Times what the training callback does each step: one ``reporter.metrics(...)`` a
 on local disk, so the amortised cost of the batch sends (a write + fsync every 50 events) is in
 the mean. Compares the mean with a typical CPU tiny-model step (~50 ms; goal <= 2%).
 
-    .venv/bin/python bench/reporter_overhead.py [--steps 20000] [--step-ms 50]
+    .venv/bin/python bench/reporter_overhead.py [--steps 20000] [--step-ms 50] [--goal-pct 2]
 
-Django-free and offline; about 2 s. Figures and method: docs/BENCHMARKS.md.
+Django-free and offline; about 2 s. The same calls measured inside real training runs are part
+of bench/train_throughput.py. Figures: docs/BENCHMARKS.md (training throughput).
 """
 
 from __future__ import annotations

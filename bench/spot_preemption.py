@@ -35,11 +35,47 @@ long a machine kept billing after its run ended, and the cost paid against the o
 of the same attempts and of one uninterrupted on-demand run per job.
 
     .venv/bin/python bench/spot_preemption.py [--jobs 100] [--seed 7] [--time-scale 0.05]
+        [--timeout 900]
 
 Database: ``--database-url``, else ``BENCH_SPOT_DATABASE_URL``, else ``DATABASE_URL``'s server
 with the database ``trainhub_spot_bench`` (dropped and created again on every run). Redis:
 ``--redis-url`` (default ``redis://127.0.0.1:6379/8``, flushed at the start: locks and rate
-buckets of an earlier run). About 3 minutes on 2 cores. Method and figures: docs/BENCHMARKS.md.
+buckets of an earlier run). ``--timeout``: real seconds before it gives up. About 3 minutes on
+2 cores.
+
+In more detail:
+
+1. The control plane: PostgreSQL (migrated), Redis as the broker and lock store, and the
+   embedded worker (``celery.contrib.testing.worker.start_worker``, threads pool, 2 threads).
+   The jobs are created through the API (``POST /api/v1/files/``, then ``--jobs`` x
+   ``POST /api/v1/jobs/`` with ``capacity: "spot"``, ``max_preemptions: 10``) and every step
+   after that is the control plane's own tasks. The bench plays beat: a poll of the target
+   every tick, place-waiting every 30 s (scaled).
+2. The cloud: one offer, H100 80GB at $2.99/h on demand and $1.05/h spot. A launched machine
+   boots for 60 s, then trains from the step stored in its spec's resume checkpoint (GET on the
+   transfer route) to step 1,200, one step per second, with a checkpoint every 200 steps (PUT
+   of its step to the spec's ``checkpoint_url``, 5 s during which training waits) and the
+   adapter bundle at the end (a real bundle, ``write_bundle``, PUT to ``artifact_url``,
+   verified by the ingest). Its events (running, metrics, checkpoint, final status) are made
+   by the executor's own ``Reporter`` and returned with each poll.
+3. Interruptions: each launch is interrupted with probability 0.3 at a uniformly random moment
+   of its expected run (boot included). Half come with a notice 120 s ahead; the simulated
+   executor checks every 5 s (from the start of its run), and once it has seen the notice it
+   saves the step it finished (if newer than its last checkpoint) and ends ``failed`` with
+   code ``preempted``. The machine is reclaimed at the interruption time either way: from then
+   on the provider reports it ``FAILED`` / ``preempted``, and uploads it had not finished are
+   lost.
+4. Figures come from the database (job statuses, attempts and their end reasons, costs,
+   verified artifacts) and from the simulated provider's own records (launch and termination
+   times, who terminated each machine, the last step each trained, the step each resumed
+   from). Redone steps per preemption = the last step the interrupted attempt trained - the
+   step the next attempt resumed from. Machines left = machines neither reclaimed nor
+   terminated once every job ended and 20 more ticks passed, before the reconciler runs (the
+   bench then runs it and prints what it found). The control plane's poll interval and beat
+   ticks are scaled with ``--time-scale``. Which attempts are interrupted depends on the order
+   of the launches, so runs of one seed differ slightly.
+
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ idle connection, CPU shares and the integrity counts. Exits 0 once measured, 1 i
 not run (a watcher that cannot connect, the stream process not serving). About 1 minute.
 
     .venv/bin/python bench/stream_fanout.py [--duration 25] [--interval 0.25] [--ws 500]
+        [--sse-jobs 100] [--sse-per-job 5] [--sse-per-tick 20] [--idle 10]
+        [--connect-concurrency 50] [--keep-log] [--series]
+
+``--series`` prints each hot-job event's first and last read; ``--keep-log`` the stream
+process's log.
 
 Database: ``--database-url``, else ``BENCH_STREAM_DATABASE_URL``, else ``DATABASE_URL``'s server
 with ``_stream_bench`` appended to its database name (``trainhub_stream_bench`` without one);
@@ -35,7 +40,38 @@ dropped and created again on every run (its name must contain ``stream_bench``).
 ``--redis-url`` (default ``TRAINHUB_LIVE_REDIS_URL``, else ``CELERY_BROKER_URL``, else
 ``redis://127.0.0.1:6379/7``); pub/sub ignores the database number, so the channel prefix
 (``TRAINHUB_LIVE_PREFIX``) is ``trainhub_stream_bench_<pid>``: never a test run's or another
-run's. Method and figures: docs/BENCHMARKS.md.
+run's. For example:
+
+    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/trainhub_fanout
+    export CELERY_BROKER_URL=redis://127.0.0.1:6379/7
+    .venv/bin/python bench/stream_fanout.py
+
+Details of the method:
+
+- Stream process: ``uvicorn trainhub.asgi:application --lifespan off`` on 127.0.0.1 (the
+  command is checked against the Procfile's ``stream`` line), with the bench's
+  ``DATABASE_URL``, ``TRAINHUB_LIVE_REDIS_URL`` and ``TRAINHUB_LIVE_PREFIX`` and default
+  settings otherwise (buffer 256 messages; permessage-deflate off, as the Procfile runs it).
+  ``RLIMIT_NOFILE`` is raised to the hard limit.
+- Seed: ``project_default_for_user``, ``api_key_create``, one processed ``TrainingFile``; the
+  102 jobs by ``bulk_create``.
+- Watchers: the child process is spawned (no Django). No watcher sends a cursor, so each
+  job's stream starts at its first event; at most ``--connect-concurrency`` handshakes at a
+  time. The receive time is ``time.time()`` right after a message is read, before parsing it.
+- Memory: the warm-up WebSocket and SSE connection on the warm-up job each carry one event and
+  close (imports, database connection and thread pool then in place); each VmRSS reading
+  (``/proc/<pid>/status``) follows 3 s of quiet.
+- Idle CPU: the stream process's utime + stime (``/proc/<pid>/stat``) over ``--idle`` s with
+  all watchers connected and nothing produced.
+- Producer, by default: every 250 ms one event on the hot job and one on each of the next 20
+  SSE jobs (each SSE job every 1.25 s), for 25 s: 100 hot-job events (50,000 WebSocket
+  deliveries) and 2,000 SSE-job events (10,000 SSE deliveries). Each is
+  ``event_append(type="metrics", data={..., "bench_t": time.time()})`` in its own transaction.
+  Percentiles are nearest-rank.
+- Integrity: after production every watcher must reach its job's last stored number, and its
+  received numbers must equal the job's stored numbers exactly.
+
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

@@ -31,12 +31,58 @@
         [--no-cpu] [--no-packing] [--no-gpu] [--gpu-backends unsloth,peft,unsloth-no-gc,peft-no-gc] [--gpu-steps 30]
         [--gpu-batch 8] [--gpu-seq 1024] [--gpu-data text|skewed] [--json PATH]
 
+Also ``--epochs``, ``--batch``, ``--seq`` (the CPU part), ``--pack-batch``, ``--pack-seq``,
+``--skewed-examples`` (the packing part) and ``--gpu-vocab``.
+
 Every tokens/s figure comes in two kinds (gpu_worker.token_counts): tokens/s counts input tokens
-that are not padding (prompt included), useful tokens/s only those that carry loss.
+that are not padding (prompt included), useful tokens/s only those that carry loss (label
+!= -100 after the causal shift); padding is the share of all computed positions that were
+padding. All three are counted per micro-batch at loss time and summed per optimizer step.
+
+How it measures:
+
+- Every figure comes from the real ``gpu_worker.train.run``: download from a ``file://`` URL
+  with its sha256 check, load, tokenize, ``transformers.Trainer``, packaging the bundle and the
+  ``file://`` upload.
+- Each configuration runs in a fresh subprocess (``--child``), so peak RSS
+  (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and the backend choice belong to it alone.
+  "RSS before run()" is the peak after the imports and the backend choice.
+- A ``TrainerCallback`` passed in ``run(callbacks=[...])`` takes timestamps at
+  ``on_train_begin`` and ``on_train_end`` (with ``torch.cuda.synchronize()`` on GPU) and at
+  every ``on_step_end`` with ``state.num_input_tokens_seen``. From those: tokens/s = trained
+  tokens / train wall time; steady tokens/s = the same after the first 2 (CPU) or 5 (GPU)
+  steps; step ms = the step-end-to-step-end interval (it includes the logging callbacks).
+  Loss is the first and last logged loss (``metrics.json``); run() s is the whole call.
+- Reporter overhead: the proxy times every call while ``Trainer.train`` runs (one
+  ``metrics()`` per step; metrics are throttled to 1 event/s). Work on the reporter's
+  background thread (batched writes) is not in the figure. bench/reporter_overhead.py times
+  the same calls in isolation.
+- CPU part: the tiny model (3M params) on the 60 ``messages`` examples of the demo chats,
+  assistant-only loss; batch 4, max_seq_length 128 (nothing truncated), 3 epochs = 45 steps,
+  r=8, alpha 16, dropout 0, lr 2e-3, seed 7. One torch thread by default, as in the test
+  fixture; ``--threads 0`` keeps torch's default.
+- Packing part: ``TRAINHUB_BACKEND=peft``, LoRA r=8 / alpha 16 / dropout 0, lr 2e-3, batch 8,
+  max_seq_length 512, gradient checkpointing off, seed 7, one torch thread; each dataset
+  trained with ``packing`` true, then false. Packing works per batch (the batch's 8 examples
+  share rows, position ids restarting per example; on the CPU path, where sdpa builds a
+  block-diagonal mask from the position ids, no row is wider than the batch's longest
+  example), so both runs train the same examples in every optimizer step. Data: ``demo_chat``,
+  the 60 demo chats of about 45 tokens each, 3 epochs = 24 steps; ``skewed``, 240 generated
+  chats, nine in ten one short demo exchange and one in ten a conversation of 10-13 exchanges
+  (about 450 tokens) with loss on every reply, 1 epoch = 30 steps. Train loss is the Trainer's
+  mean over the run; last loss is the final step's.
+- GPU part: the model is a random-init Llama built on the GPU and saved in bf16 with the tiny
+  tokenizer (untied, 1.10B params). The data is ``steps x 8`` ``text`` examples of shuffled
+  demo conversations, each over 12,000 characters, so every example is truncated to exactly
+  1024 tokens (8,192 tokens per step). LoRA r=16, alpha 32, dropout 0 on
+  q/k/v/o/gate/up/down, batch 8, 1 epoch, lr 2e-4, bf16. One process per configuration:
+  ``unsloth``, ``peft``, ``unsloth-no-gc``, ``peft-no-gc`` (``-no-gc``:
+  ``hyperparameters.gradient_checkpointing: false``). Peak GPU memory is
+  ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``.
 
 Offline, Django-free. About 50 s on 2 CPU cores (the packing part about 40 s more); the GPU part
 about 3.5 minutes on an H100.
-Exits 1 if a run fails. Figures and method: docs/BENCHMARKS.md.
+Exits 1 if a run fails. Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations

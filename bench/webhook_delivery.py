@@ -13,11 +13,35 @@ Prints the figure and PASS/FAIL against the goal (>= 200/s). Exits 0 once measur
 could not run.
 
     .venv/bin/python bench/webhook_delivery.py [--events 3000] [--concurrency 2]
+        [--pool prefork|threads|solo] [--prefetch 1]
 
 Database: ``--database-url``, else ``BENCH_WEBHOOK_DATABASE_URL``, else ``DATABASE_URL``'s
 server with the database ``trainhub_webhook_bench`` (dropped and created on every run). Broker:
-``--broker-url`` (default ``redis://127.0.0.1:6379/6``, purged first). Method and figures:
-docs/BENCHMARKS.md.
+``--broker-url`` (default ``redis://127.0.0.1:6379/6``, purged first). About 30 s.
+
+Step by step:
+
+1. Database: migrated; one user, project and job row; one endpoint for
+   ``fine_tuning.job.running`` at ``http://127.0.0.1:<port>/hooks``, created through
+   ``endpoint_create`` (the bench allows http and 127.0.0.0/8, as an operator would with
+   ``TRAINHUB_WEBHOOK_ALLOW_HTTP`` and ``TRAINHUB_WEBHOOK_ALLOWED_CIDRS``).
+2. Producing: ``--events`` ``status`` events (``running``), each in its own transaction, so the
+   outbox writes one delivery row per event and sends one ``trainhub.deliver_webhook`` message
+   on commit. No worker runs yet, so the messages wait on the broker. (The production rate is
+   printed, not measured against a goal.)
+3. Delivering: the worker (prefetch ``--prefetch``) is started. Each task claims its delivery,
+   resolves and checks the address, signs (Standard Webhooks, the secret decrypted with
+   MultiFernet), POSTs over a new TCP connection, and records the try (``WebhookAttempt`` row,
+   delivery row) in one transaction.
+4. Receiving: a separate process (``http.server``, a thread per connection) verifies every
+   request with ``standardwebhooks.Webhook(secret).verify``, answers 204 and records the arrival
+   time of each verified request.
+5. Figure: (N - 1) / (last arrival - first arrival), so the worker's start-up is left out. The
+   run counts only if all N arrived verified, none was refused, and every row ended
+   ``succeeded`` after exactly one try. Receiver, worker, PostgreSQL and Redis share the
+   machine's cores.
+
+Figures: docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
