@@ -192,7 +192,7 @@ def _copy(conn: psycopg.Connection, model: Any, rows: Iterator[dict[str, Any]]) 
 def _job_rows(
     rng: random.Random, n: int, *, project_id: int, user_id: int, file_id: int, now: datetime
 ) -> Iterator[dict[str, Any]]:
-    from gpu_worker.spec import AdapterSpec, Hyperparameters
+    from trainhub_contract.spec import AdapterSpec, Hyperparameters
 
     adapter, hyper = AdapterSpec().to_dict(), Hyperparameters().to_dict()
     start = now - timedelta(days=365)
@@ -377,7 +377,7 @@ def seed_create(url: str, n_jobs: int, n_events: int) -> Seed:
     from django.utils import timezone
 
     from jobs.models import JobAttempt, JobEvent, TrainingFile, TrainingJob
-    from jobs.services.projects import project_create
+    from jobs.services.accounts.projects import project_create
 
     rng = random.Random(20240601)  # noqa: S311 - reproducible fake data, not security
     now = timezone.now()
@@ -451,7 +451,7 @@ class Scenario:
 
 
 def scenarios(seed: Seed) -> list[Scenario]:
-    from jobs.api.presenters import event_id
+    from api.presenters import event_id
     from jobs.models import TrainingJob
 
     deep = (
@@ -603,7 +603,7 @@ def main() -> int:
     from django.utils import timezone
 
     from jobs.models import ApiKey, Project
-    from jobs.services.projects import api_key_create, api_key_revoke
+    from jobs.services.accounts.projects import api_key_create, api_key_revoke
 
     call_command("migrate", verbosity=0)
     seed = seed_find(args.jobs, args.events)

@@ -1,7 +1,7 @@
 """Artifact ingest throughput and memory: a 1 GiB adapter bundle verified on both backends.
 
 Ingest is ``verify_bundle(storage.read_chunks(key))``, the whole data path of
-``jobs.services.artifacts.artifact_ingest`` (the rest is two small database writes): read the
+``jobs.services.core.artifacts.artifact_ingest`` (the rest is two small database writes): read the
 bundle back from storage, recompute every member's SHA-256 against the manifest and the
 SHA-256 of the whole bundle. For each backend it prints
 
@@ -67,7 +67,7 @@ def reset_peak_rss() -> None:
 
 def make_bundle(folder: Path, size: int) -> Path:
     """An adapter folder of ``size`` bytes (weights + config), packed as the executor packs it."""
-    from gpu_worker.bundle import write_bundle
+    from trainhub_contract.bundle import write_bundle
 
     adapter = folder / "adapter"
     adapter.mkdir()
@@ -106,8 +106,8 @@ def file_chunks(path: Path) -> Iterator[bytes]:
 
 def measure_ingest(repeat: int, expected_sha: str) -> tuple[float, float]:
     """Best ingest time (s) and the largest peak-RSS growth (MB) over ``repeat`` runs."""
-    from gpu_worker.bundle import verify_bundle
     from jobs import storage
+    from trainhub_contract.bundle import verify_bundle
 
     times, growth = [], []
     for _ in range(repeat):

@@ -294,10 +294,10 @@ class Bench:
         from django.core.management import call_command
         from django.db import connections
 
-        from gpu_worker import celery_conf as cc
-        from jobs.services.nodes import node_create
-        from jobs.services.projects import api_key_create, project_create
+        from jobs.services.accounts.projects import api_key_create, project_create
+        from jobs.services.fleet.nodes import node_create
         from trainhub.celery import app
+        from trainhub_contract import celery_conf as cc
 
         call_command("migrate", verbosity=0)
         user = get_user_model().objects.create_user(username="bench", password=None)
@@ -520,7 +520,7 @@ class Bench:
         """The executor command the supervisor runs, on a real spec of ``job_id``'s attempt
         (fresh signed URLs: the dataset comes from gunicorn), events to a JSON-lines file."""
         from jobs.models import JobAttempt
-        from jobs.services.dispatch import attempt_spec
+        from jobs.services.scheduling.dispatch import attempt_spec
 
         attempt = JobAttempt.objects.select_related("job").get(job__public_id=job_id, number=1)
         spec = attempt_spec(attempt)

@@ -1,6 +1,6 @@
 """RunPod serverless poll cycle: 5,000 live jobs against a fake RunPod on loopback.
 
-Runs the poller under test, ``jobs.services.polling.attempts_poll_target("runpod-serverless")``
+Runs the poller under test, ``jobs.services.cloud.polling.attempts_poll_target("runpod-serverless")``
 (the whole body of the Celery task that beat starts every 10 s), in this process, against the
 fake RunPod (``tests/fakes/runpod_api.py``) started as a separate process: 50 ms per call and
 RunPod's documented limit of 2,000 status calls per 10 s, enforced with 429 + Retry-After.
@@ -122,8 +122,8 @@ ENDPOINT = "bench-ep"
 API_KEY = "rp-test-key"  # the fake's
 SECRET_KEY = "trainhub-poll-bench-not-a-secret-" + "x" * 24
 POLLER_FILES = (
-    "jobs/services/polling.py",
-    "jobs/services/attempts.py",
+    "jobs/services/cloud/polling.py",
+    "jobs/services/core/attempts.py",
     "providers/runpod_serverless.py",
     "providers/http.py",
     "providers/ratelimit.py",
@@ -149,10 +149,10 @@ def seed(fake_ids: list[str]) -> None:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from gpu_worker.spec import AdapterSpec, Hyperparameters
     from jobs.models import JobAttempt, TrainingFile, TrainingJob
-    from jobs.services.projects import credential_create, project_create
+    from jobs.services.accounts.projects import credential_create, project_create
     from jobs.states import JobStatus
+    from trainhub_contract.spec import AdapterSpec, Hyperparameters
 
     user = get_user_model().objects.create_user(username="bench", password=None)
     project = project_create(name="poll-bench", owner=user, default=True)
@@ -380,7 +380,7 @@ def run_poller(
 ) -> tuple[list[Cycle], Timing]:
     """Beat's schedule: a cycle at start, start + interval, ...; one that overruns its tick
     delays the next, which starts right after it. No cycle starts after start + duration."""
-    from jobs.services.polling import attempts_poll_target
+    from jobs.services.cloud.polling import attempts_poll_target
 
     timing = Timing()
     instrument_poll(timing)

@@ -324,7 +324,7 @@ class SimCloud:
             raise BenchError(f"PUT to the transfer route answered {answer.status_code}")
 
     def _state(self, m: Machine, now: float, state: Any, status: Any) -> Any:
-        from gpu_worker.outcomes import Outcome
+        from trainhub_contract.outcomes import Outcome
 
         with self.lock:
             cut = min(now, m.interrupt_at, m.terminated if m.terminated is not None else now)
@@ -381,7 +381,7 @@ class SimCloud:
             return state(status.RUNNING, "running", events=events)
 
     def _upload_bundle(self, m: Machine) -> tuple[str, int]:
-        from gpu_worker.bundle import write_bundle
+        from trainhub_contract.bundle import write_bundle
 
         with tempfile.TemporaryDirectory() as tmp:
             adapter = Path(tmp)
@@ -430,9 +430,9 @@ def setup(args: argparse.Namespace, tmp: Path) -> None:
 
 def scale_control_plane(scale: float) -> dict[str, float]:
     """The control plane's clocks, scaled like the machines' (in real seconds)."""
-    from gpu_worker import celery_conf as cc
-    from jobs.services import polling
+    from jobs.services.cloud import polling
     from providers.base import RemoteStatus
+    from trainhub_contract import celery_conf as cc
 
     polling.POLL_EVERY = {s: seconds * scale for s, seconds in polling.POLL_EVERY.items()}
     return {
@@ -486,12 +486,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from gpu_worker import celery_conf as cc
     from jobs.models import TrainingJob
-    from jobs.services import messages, reconcile
-    from jobs.services.projects import api_key_create, project_create
+    from jobs.services.accounts.projects import api_key_create, project_create
+    from jobs.services.cloud import reconcile
+    from jobs.services.outbox import messages
     from jobs.states import TERMINAL
     from trainhub.celery import app
+    from trainhub_contract import celery_conf as cc
 
     clock = SimClock(args.time_scale)
     cloud = SimCloud(clock, random.Random(args.seed), Client(HTTP_HOST=HOST))  # noqa: S311

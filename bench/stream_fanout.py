@@ -17,7 +17,7 @@ watchers spread over 100 jobs, through the real stream process (Procfile ``strea
   KB per connection = the growth / 500. Then the stream process's CPU over an idle window.
 - Producer (this process): every ``--interval`` s one event on the hot job and one on each of
   ``--sse-per-tick`` SSE jobs (round robin), shuffled, for ``--duration`` s, each through
-  ``jobs.services.events.event_append`` with ``time.time()`` taken right before the call in
+  ``jobs.services.core.events.event_append`` with ``time.time()`` taken right before the call in
   its ``data``. Latency per delivery = the watcher's ``time.time()`` when the message is read
   minus that timestamp: stored, committed, published, fanned out and received.
 - Checks that every watcher received every stored event of its job exactly once, in order
@@ -113,12 +113,12 @@ GOAL_P95_MS = 250.0
 READY_TIMEOUT = 90.0  # uvicorn importing Django on a busy 2-core machine
 SETTLE_S = 3.0  # after the last warm event, before reading RSS
 STREAM_FILES = (
-    "jobs/live/auth.py",
-    "jobs/live/consumers.py",
-    "jobs/live/feed.py",
-    "jobs/live/routing.py",
-    "jobs/services/live.py",
-    "jobs/services/events.py",
+    "api/live/auth.py",
+    "api/live/consumers.py",
+    "api/live/feed.py",
+    "api/live/routing.py",
+    "jobs/services/outbox/live.py",
+    "jobs/services/core/events.py",
 )
 
 
@@ -360,9 +360,9 @@ class Seed:
 def seed(n_sse: int) -> Seed:
     from django.contrib.auth import get_user_model
 
-    from gpu_worker.spec import AdapterSpec, Hyperparameters
     from jobs.models import TrainingFile, TrainingJob
-    from jobs.services.projects import api_key_create, project_default_for_user
+    from jobs.services.accounts.projects import api_key_create, project_default_for_user
+    from trainhub_contract.spec import AdapterSpec, Hyperparameters
 
     user = get_user_model().objects.create_user(username="stream-bench", password=None)
     project = project_default_for_user(user=user)
@@ -430,7 +430,7 @@ class Child:
 
 def warm(jobs: list[Any]) -> dict[str, int]:
     """One event on each job (no timestamp: not timed); returns {job: its number}."""
-    from jobs.services.events import event_append
+    from jobs.services.core.events import event_append
 
     return {
         j.public_id: event_append(job=j, type="log", message="warm", data={}).number for j in jobs
@@ -445,7 +445,7 @@ class Produced:
 
 
 def produce(hot: Any, sse: list[Any], args: argparse.Namespace) -> Produced:
-    from jobs.services.events import event_append
+    from jobs.services.core.events import event_append
 
     rng = random.Random(17)  # noqa: S311 (an order, not a secret)
     ticks = round(args.duration / args.interval)

@@ -195,7 +195,7 @@ def child_train(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from gpu_worker import train
     from gpu_worker.report import Reporter
-    from gpu_worker.spec import parse_job_spec
+    from trainhub_contract.spec import parse_job_spec
 
     cuda = torch.cuda.is_available()
 
@@ -353,7 +353,7 @@ def _write_dataset(path: Path, lines: list[str]) -> str:
 
 def _long_texts(count: int, chars: int, seed: int = 0) -> list[str]:
     """``count`` "text" records of at least ``chars`` characters, shuffled demo conversations."""
-    from gpu_worker.datasets import DEMO_DATASET_PATH
+    from gpu_worker.tiny_model import DEMO_DATASET_PATH
 
     turns = []
     for line in DEMO_DATASET_PATH.read_text(encoding="utf-8").splitlines():
@@ -401,7 +401,7 @@ def _cpu_run(
 def _skewed_chats(count: int, long_every: int = 10, seed: int = 0) -> list[str]:
     """``count`` "messages" records: most one short demo exchange, every ``long_every``-th a
     conversation of 10 to 13 demo exchanges (about 450 tokens on the tiny model's tokenizer)."""
-    from gpu_worker.datasets import DEMO_DATASET_PATH
+    from gpu_worker.tiny_model import DEMO_DATASET_PATH
 
     demos = [
         json.loads(line)["messages"]
@@ -442,8 +442,7 @@ def _machine() -> str:
 
 
 def run_cpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], bool]:
-    from gpu_worker.datasets import DEMO_DATASET_PATH
-    from gpu_worker.tiny_model import build_tiny_model
+    from gpu_worker.tiny_model import DEMO_DATASET_PATH, build_tiny_model
 
     model_dir = build_tiny_model(tmp / "tiny-llama")
     data = tmp / "demo_chat.jsonl"
@@ -495,8 +494,7 @@ def run_cpu(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], 
 
 def run_packing(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]], bool]:
     """The same LoRA run packed and padded, on the demo chat data and the skewed set."""
-    from gpu_worker.datasets import DEMO_DATASET_PATH
-    from gpu_worker.tiny_model import build_tiny_model
+    from gpu_worker.tiny_model import DEMO_DATASET_PATH, build_tiny_model
 
     model_dir = tmp / "tiny-llama"
     if not model_dir.exists():

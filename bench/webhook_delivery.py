@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: dev
 from _common import bench_database_url, database_recreate, machine
 
 from devsupport.processes import free_port
-from gpu_worker import celery_conf as cc
+from trainhub_contract import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_PER_SECOND = 200.0
@@ -132,8 +132,8 @@ def seed(port: int) -> tuple[Any, str]:
     from django.contrib.auth.models import User
 
     from jobs.models import TrainingFile, TrainingJob
-    from jobs.services import webhook_endpoints
-    from jobs.services.projects import project_default_for_user
+    from jobs.services.accounts.projects import project_default_for_user
+    from jobs.services.outbound import webhook_endpoints
 
     user = User.objects.create_user("bench", password=None)
     project = project_default_for_user(user=user)
@@ -156,7 +156,7 @@ def seed(port: int) -> tuple[Any, str]:
 
 def produce(job: Any, count: int) -> float:
     """``count`` status events through event_append, each committed on its own; seconds."""
-    from jobs.services.events import event_append
+    from jobs.services.core.events import event_append
 
     started = time.perf_counter()
     for i in range(count):

@@ -70,8 +70,8 @@ _HINTS: Mapping[str, str] = {
     ),
     "MaxSpotInstanceCountExceeded": " (the AWS account's spot instance limit for this type)",
     "UnauthorizedOperation": (
-        " (the key works but its IAM policy lacks this EC2 action: see the AWS section of "
-        "the README for the permissions trainhub needs)"
+        " (the key works but its IAM policy lacks this EC2 action: docs/PROVIDERS.md, "
+        "IAM policy, lists the permissions trainhub needs)"
     ),
     "OptInRequired": " (the region is not enabled for this AWS account)",
     "IdempotentParameterMismatch": (
