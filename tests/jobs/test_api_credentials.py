@@ -8,6 +8,7 @@ import pytest
 from cryptography.fernet import Fernet, InvalidToken
 from django.core.management import call_command
 from django.db import transaction
+from django.utils import timezone
 
 from jobs import crypto
 from jobs.errors import Conflict
@@ -212,3 +213,50 @@ def test_rotate_encryption_keys(api, settings) -> None:
     settings.TRAINHUB_ENCRYPTION_KEYS = [old]
     with pytest.raises(InvalidToken):
         credential_secrets(credential=row)
+
+
+def test_rotate_encryption_keys_rewrites_every_secret_at_rest(
+    api, project, make_job, settings
+) -> None:
+    """Webhook signing secrets (and a rotated endpoint's previous one) and rented machines' SSH
+    keys are rewritten too: after the command, the old key can go and each still decrypts."""
+    from jobs.services.cloud.remote import attempt_new_ssh_key
+    from jobs.services.core.attempts import attempt_start
+    from jobs.services.outbound.webhook_endpoints import (
+        endpoint_create,
+        endpoint_rotate_secret,
+        endpoint_signing_secrets,
+    )
+
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.TRAINHUB_ENCRYPTION_KEYS = [old]
+    settings.TRAINHUB_WEBHOOK_ALLOW_HTTP = True
+    settings.TRAINHUB_WEBHOOK_ALLOWED_CIDRS = ["127.0.0.0/8"]
+    api.post(URL, GOOD, format="json")
+    endpoint, first = endpoint_create(
+        project=project,
+        data={"url": "http://127.0.0.1:9/hook", "event_types": ["fine_tuning.job.failed"]},
+    )
+    second = endpoint_rotate_secret(endpoint=endpoint)
+    attempt = attempt_start(job=make_job(), target="local", node_name="gpu-a")
+    attempt_new_ssh_key(attempt=attempt)
+    key = crypto.decrypt_json(attempt.ssh_private_key_ciphertext)["private_key"]
+
+    settings.TRAINHUB_ENCRYPTION_KEYS = [new, old]
+    out = io.StringIO()
+    call_command("rotate_encryption_keys", stdout=out)
+    for line in (
+        "re-encrypted 1 providercredential.secret_ciphertext",
+        "re-encrypted 1 webhookendpoint.secret_ciphertext",
+        "re-encrypted 1 webhookendpoint.previous_secret_ciphertext",
+        "re-encrypted 1 jobattempt.ssh_private_key_ciphertext",
+    ):
+        assert line in out.getvalue()
+
+    settings.TRAINHUB_ENCRYPTION_KEYS = [new]  # the old key dropped
+    endpoint.refresh_from_db()
+    attempt.refresh_from_db()
+    assert set(endpoint_signing_secrets(endpoint, timezone.now())) == {first, second}
+    assert crypto.decrypt_json(attempt.ssh_private_key_ciphertext)["private_key"] == key
+    row = ProviderCredential.objects.get()
+    assert credential_secrets(credential=row) == {"api_key": SECRET}

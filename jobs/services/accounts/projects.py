@@ -15,14 +15,21 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.text import slugify
 
 from jobs import crypto
 from jobs.errors import Conflict, InvalidRequest, NotFound
-from jobs.models import ApiKey, Project, ProjectMembership, ProviderCredential
+from jobs.models import (
+    ApiKey,
+    JobAttempt,
+    Project,
+    ProjectMembership,
+    ProviderCredential,
+    WebhookEndpoint,
+)
 from jobs.services.accounts.audit import SYSTEM, Actor, audit_record, created, deleted, diff
 from providers.registry import CREDENTIAL_KINDS
 
@@ -263,15 +270,31 @@ def credential_secrets(*, credential: ProviderCredential) -> dict[str, str]:
     return crypto.decrypt_json(credential.secret_ciphertext)
 
 
-def credentials_reencrypt() -> int:
-    """Re-encrypt every credential under the newest key; returns how many were rewritten."""
-    count = 0
-    for cred in ProviderCredential.objects.only("pk", "secret_ciphertext").iterator():
-        ProviderCredential.objects.filter(pk=cred.pk).update(
-            secret_ciphertext=crypto.rotate(cred.secret_ciphertext)
-        )
-        count += 1
-    return count
+# Every secret stored encrypted (jobs.crypto), by model and field: what a key rotation rewrites.
+ENCRYPTED_FIELDS: tuple[tuple[type[models.Model], str], ...] = (
+    (ProviderCredential, "secret_ciphertext"),
+    (WebhookEndpoint, "secret_ciphertext"),
+    (WebhookEndpoint, "previous_secret_ciphertext"),
+    (JobAttempt, "ssh_private_key_ciphertext"),
+)
+
+
+def secrets_reencrypt() -> dict[str, int]:
+    """Re-encrypt every stored secret under the newest key: provider credentials, webhook
+    endpoints' signing secrets (and a rotated one's previous secret), rented machines' SSH
+    keys. Returns how many were rewritten per field, named ``model.field``; after it, the old
+    key can go."""
+    counts: dict[str, int] = {}
+    for model, field in ENCRYPTED_FIELDS:
+        rows = model._default_manager.exclude(**{field: ""}).values_list("pk", field)
+        count = 0
+        for pk, token in rows.iterator():
+            # Only if unchanged meanwhile (a secret rotated since was written under the new key).
+            count += model._default_manager.filter(pk=pk, **{field: token}).update(
+                **{field: crypto.rotate(token)}
+            )
+        counts[f"{model._meta.model_name}.{field}"] = count
+    return counts
 
 
 # --- project settings -------------------------------------------------------------------------
