@@ -2,7 +2,7 @@
 
 Runs the poller under test, ``jobs.services.cloud.polling.attempts_poll_target("runpod-serverless")``
 (the whole body of the Celery task that beat starts every 10 s), in this process, against the
-fake RunPod (``tests/fakes/runpod_api.py``) started as a separate process: 50 ms per call and
+fake RunPod (``tests/support/fakes/runpod_api.py``) started as a separate process: 50 ms per call and
 RunPod's documented limit of 2,000 status calls per 10 s, enforced with 429 + Retry-After.
 
 - 5,000 RunPod jobs are submitted to the fake and scripted to go IN_QUEUE -> IN_PROGRESS at a
@@ -48,7 +48,7 @@ How it measures, step by step:
 1. Database: dropped, created and migrated; ``django.setup()`` runs in-process with
    ``RUNPOD_SERVERLESS_URL`` = the fake, ``RUNPOD_ENDPOINT_ID=bench-ep`` and
    ``TRAINHUB_LOCK_REDIS_URL`` = the ``--redis-url``.
-2. The fake: ``python -m tests.fakes.runpod_api --port 0 --latency 0.05 --rate-limit
+2. The fake: ``python -m tests.support.fakes.runpod_api --port 0 --latency 0.05 --rate-limit
    run=1000000/10``, a separate process so its CPU is not the poller's. The status limit stays
    at its default (2,000 per 10 s, sliding window, 429 with Retry-After); no failures are
    injected.
@@ -213,7 +213,7 @@ class Fake:
         self.log = log
         with log.open("ab") as err:
             self.popen = subprocess.Popen(  # noqa: S603 - argv built here
-                [sys.executable, "-m", "tests.fakes.runpod_api", "--port", "0",
+                [sys.executable, "-m", "tests.support.fakes.runpod_api", "--port", "0",
                  "--latency", str(latency), "--rate-limit", "run=1000000/10"],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err, start_new_session=True, text=True,
             )  # fmt: skip

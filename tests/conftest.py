@@ -17,7 +17,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from gpu_worker.tiny_model import DEMO_DATASET_PATH
-from tests._processes import ROOT, STREAM_BUFFER_MESSAGES, database_url, procfile_command
+from tests.support.processes import ROOT, STREAM_BUFFER_MESSAGES, database_url, procfile_command
+
+# The control plane's shared fixtures (dispatch, clouds, ingest, the admin client), for every
+# folder that tests it (api, console, jobs, security, e2e).
+pytest_plugins = ["tests.support.fixtures"]
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex

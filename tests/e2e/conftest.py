@@ -23,9 +23,9 @@ from django.conf import settings
 from django.db import connection
 
 from jobs.broker_acl import broker_user_delete
-from tests._processes import database_url, quiesce
-from tests.e2e._broker_watch import BrokerWatch
-from tests.jobs._api import upload
+from tests.support.api import upload
+from tests.support.broker_watch import BrokerWatch
+from tests.support.processes import database_url, quiesce
 from trainhub_contract import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from jobs.services.core.attempts import attempts_expire_leases
 from jobs.services.fleet.nodes import node_create
 from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, submit_tiny_job, wait_for
 from tests.gpu_worker._hub_cache import SINGLE, hub_repo
-from tests.jobs._api import download
+from tests.support.api import download
 from trainhub_contract import celery_conf as cc
 from trainhub_contract.bundle import verify_bundle
 

@@ -18,9 +18,9 @@ from django.conf import settings
 
 from devsupport.processes import free_port
 from devsupport.readiness import wait_http_ready
-from tests.e2e._broker_watch import SECRET
 from tests.e2e.conftest import Process
-from tests.jobs._api import upload
+from tests.support.api import upload
+from tests.support.broker_watch import SECRET
 from trainhub_contract import celery_conf as cc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def test_flower_lists_work_not_ticks_and_shows_no_secret_in_any_argument(
     names = {t["name"] for t in tasks.values()}
     assert cc.VALIDATE_FILE in names and tasks[last]["state"] == "SUCCESS"
     assert not names & cc.QUIET_TASKS, f"ticks in Flower's task list: {names & cc.QUIET_TASKS}"
-    # Broker messages carry ids (tests/e2e/_broker_watch.py checks the wire); this is what an
+    # Broker messages carry ids (tests/support/broker_watch.py checks the wire); this is what an
     # operator reads in Flower, arguments and results included.
     shown = [f"{t.get('args')} {t.get('kwargs')} {t.get('result')}" for t in tasks.values()]
     assert not [s for s in shown if SECRET.search(s)]

@@ -4,7 +4,7 @@ the tiny model): upload, create, list, pause, resume, download the results; and 
 
 Every client action goes through ``openai.OpenAI``, as a user's script would; the database is
 only read, to check what the API says against what is stored. The in-process SDK tests (no
-worker, no node) are tests/jobs/test_api_openai_sdk.py."""
+worker, no node) are tests/api/test_api_openai_sdk.py."""
 
 from __future__ import annotations
 

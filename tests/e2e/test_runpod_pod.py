@@ -24,8 +24,8 @@ from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.accounts.projects import credential_create
 from tests.e2e.conftest import Process, submit_tiny_job, wait_for
 from tests.e2e.test_fleet import TRAIN_TIMEOUT
-from tests.fakes.runpod_api import API_KEY, FakeRunpod
-from tests.jobs._api import download
+from tests.support.api import download
+from tests.support.fakes.runpod_api import API_KEY, FakeRunpod
 from trainhub_contract import celery_conf as cc
 from trainhub_contract.bundle import verify_bundle
 

@@ -15,7 +15,7 @@ from jobs.services.core.status import job_transition
 from jobs.services.outbound import webhook_delivery, webhook_endpoints
 from jobs.states import JobStatus
 from tests.e2e.conftest import wait_for
-from tests.jobs._webhooks import receiving
+from tests.support.webhooks import receiving
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 D = WebhookDelivery.Status

@@ -1,6 +1,6 @@
 """A stand-in for the control plane on a real loopback socket, for the node's side alone (no
 Django): it records every request and answers what the test scripted. That the real endpoints
-answer the same way is checked in tests/jobs/test_node_client.py (both sides over real HTTP)."""
+answer the same way is checked in tests/jobs/services/fleet/test_node_client.py (both sides over real HTTP)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from gpu_worker.preemption import (
 )
 from gpu_worker.report import MemorySink, Reporter
 from gpu_worker.trainer import StopGuard
-from tests.fakes.imds import FakeImds, serve_imds
 from tests.gpu_worker.conftest import spec_dict
+from tests.support.fakes.imds import FakeImds, serve_imds
 from trainhub_contract.outcomes import ExitCode, Outcome, StopMode
 from trainhub_contract.spec import SpecError, parse_job_spec
 

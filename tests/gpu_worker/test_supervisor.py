@@ -3,7 +3,7 @@ claim through NodeApi, and how the supervisor runs an attempt: ids from the brok
 before they name a file, the spec from the claim, an executor that holds the attempt's report
 token and none of the node's secrets, a cancel pulled from the heartbeat answer, and a death
 reported over HTTP. Real child processes, a real loopback HTTP server (tests/gpu_worker/
-_control.py) standing in for the control plane; tests/jobs/test_node_client.py checks that
+_control.py) standing in for the control plane; tests/jobs/services/fleet/test_node_client.py checks that
 the real endpoints answer as it does."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from jobs import storage
 from jobs.models import Artifact
-from tests.factories import ArtifactFactory
+from tests.support.factories import ArtifactFactory
 from trainhub_contract.bundle import write_bundle
 
 WEIGHTS = bytes(range(256)) * 400

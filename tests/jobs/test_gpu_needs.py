@@ -8,8 +8,8 @@ import pytest
 from jobs.errors import InvalidRequest
 from jobs.gpu_needs import misfit, parse_gpu
 from jobs.models import GpuNode
-from tests.factories import GpuNodeFactory
-from tests.jobs._fleet import A100_40, H100, RTX_24, T4
+from tests.support.factories import GpuNodeFactory
+from tests.support.fleet import A100_40, H100, RTX_24, T4
 
 
 def _machine(*gpus: dict, **labels: str) -> GpuNode:

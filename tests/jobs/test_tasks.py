@@ -19,9 +19,9 @@ from jobs.states import JobStatus
 from providers import registry
 from providers.base import RemoteStatus
 from providers.errors import PermanentProviderError
-from tests.fakes.adapter import register_fake
-from tests.jobs._cloud import poll_due
-from tests.jobs._db import fresh
+from tests.support.cloud import poll_due
+from tests.support.db import fresh
+from tests.support.fakes.adapter import register_fake
 from trainhub.shared_redis import redis_client
 from trainhub_contract import celery_conf as cc
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 
 from jobs.models import JobAttempt, JobEvent, TrainingFile, TrainingJob
 from jobs.services.core.attempts import attempt_start
-from tests._processes import database_url, quiesce
-from tests.jobs._api import upload
+from tests.support.api import upload
+from tests.support.processes import database_url, quiesce
 from trainhub_contract import celery_conf as cc
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -33,8 +33,8 @@ from jobs.services.core import specs
 from jobs.services.core.artifacts import artifact_ingest
 from jobs.services.core.attempts import attempt_end, attempt_start
 from jobs.states import EndReason
-from tests._processes import procfile_command
-from tests.jobs._api import assert_error, download
+from tests.support.api import assert_error, download
+from tests.support.processes import procfile_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIL = b"replacement bytes from a replayed URL " * 1000

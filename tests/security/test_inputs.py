@@ -33,8 +33,8 @@ from jobs.states import EndReason
 from providers import ssh
 from providers.errors import PermanentProviderError
 from tests.gpu_worker.conftest import spec_dict, write_jsonl
-from tests.jobs._api import assert_error, upload
-from tests.jobs.test_services_remote import authorize, fresh, keyed_attempt, ssh_cloud, up
+from tests.jobs.services.cloud.test_remote import authorize, fresh, keyed_attempt, ssh_cloud, up
+from tests.support.api import assert_error, upload
 from trainhub_contract.outcomes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from jobs.broker_acl import broker_acl_supported, broker_user_delete
 from jobs.models import GpuNode, JobEvent
 from jobs.services.core import jobs
 from jobs.services.scheduling import dispatch
-from tests.jobs._db import fresh
-from tests.jobs._fleet import H100, online_node
+from tests.support.db import fresh
+from tests.support.fleet import H100, online_node
 from trainhub_contract import celery_conf as cc
 
 NODE_API = "/api/v1/nodes"

@@ -32,13 +32,13 @@ from jobs.services.cloud import reconcile
 from jobs.services.core.attempts import parse_machine_name
 from providers import registry
 from providers.base import RemoteState, RemoteStatus
-from tests._processes import database_url
-from tests.factories import ProjectFactory
-from tests.fakes.adapter import FakeAdapter, register_fake
-from tests.jobs._api import assert_error, assert_list
-from tests.jobs._cloud import launched
-from tests.jobs._db import fresh
-from tests.jobs._fleet import H100, online_node
+from tests.support.api import assert_error, assert_list
+from tests.support.cloud import launched
+from tests.support.db import fresh
+from tests.support.factories import ProjectFactory
+from tests.support.fakes.adapter import FakeAdapter, register_fake
+from tests.support.fleet import H100, online_node
+from tests.support.processes import database_url
 from trainhub.shared_redis import redis_client
 from trainhub_contract import celery_conf as cc
 

@@ -27,7 +27,7 @@ from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.services.core.status import job_transition
 from jobs.services.outbound import webhook_endpoints
 from jobs.states import JobStatus
-from tests.jobs._webhooks import Receiver, delivery_messages, receiving
+from tests.support.webhooks import Receiver, delivery_messages, receiving
 
 BASE = "/api/v1/webhook_endpoints"
 FAILED = "fine_tuning.job.failed"

@@ -13,7 +13,7 @@ import requests
 
 from devsupport.processes import free_port
 from devsupport.readiness import wait_http_ready
-from tests._processes import ROOT, procfile_command
+from tests.support.processes import ROOT, procfile_command
 
 
 @pytest.fixture(scope="module")
