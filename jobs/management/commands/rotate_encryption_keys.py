@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.core.management.base import BaseCommand
 
 from jobs.services.accounts.projects import credentials_reencrypt
@@ -9,6 +11,6 @@ class Command(BaseCommand):
         "TRAINHUB_ENCRYPTION_KEYS. Rotation: prepend a new key, run this, then drop the old key."
     )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         count = credentials_reencrypt()
         self.stdout.write(f"re-encrypted {count} credential(s)")
