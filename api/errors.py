@@ -24,7 +24,7 @@ def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, st
     return (path or None), str(detail)
 
 
-def exception_handler(exc: Exception, context: dict) -> Response | None:
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     carried = getattr(exc, "error", None)
     if isinstance(exc, RequestDataTooBig) and isinstance(carried, ServiceError):
         exc = carried  # an upload refused while it streamed (api.uploads.UploadRefused)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.authentication import get_authorization_header
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -142,7 +142,7 @@ def _node(request: Request, name: str) -> GpuNode:
 class _NodeView(APIView):
     """Called by nodes: no session, no API key; the node token (or report token) decides."""
 
-    authentication_classes: list = []
+    authentication_classes: list[type[BaseAuthentication]] = []
     permission_classes = [AllowAny]
     parser_classes = [JSONBodyParser]
 

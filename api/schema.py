@@ -1,15 +1,29 @@
 """OpenAPI description of the bearer-key authentication."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 from providers.registry import CREDENTIAL_KINDS
 
+if TYPE_CHECKING:
+    from drf_spectacular.openapi import AutoSchema
 
-class ApiKeyScheme(OpenApiAuthenticationExtension):
+# (path, path regex, method, view callback): what drf-spectacular's preprocessing hooks take.
+Endpoint = tuple[str, str, str, Callable[..., Any]]
+# An operation's response key: a status code, or (status code, media type).
+Status = int | tuple[int, str]
+
+
+# drf-spectacular's extension base leaves __init_subclass__ unannotated.
+class ApiKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = "api.auth.ApiKeyAuthentication"
     name = "ApiKey"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: AutoSchema) -> dict[str, Any]:
         return {
             "type": "http",
             "scheme": "bearer",
@@ -17,7 +31,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
         }
 
 
-def canonical_paths_only(endpoints: list, **kwargs: object) -> list:
+def canonical_paths_only(endpoints: list[Endpoint], **kwargs: object) -> list[Endpoint]:
     """drf-spectacular preprocessing hook: each operation once, at /api/v1/…/. The same views
     also answer without the trailing slash, under /v1/ (OpenAI's base URL shape), and at the
     first API's /api/v1/jobs/ (kept for its clients, with trainhub's own event shape)."""
@@ -30,7 +44,7 @@ def canonical_paths_only(endpoints: list, **kwargs: object) -> list:
     ]
 
 
-def responses(ok: dict, *statuses: int) -> dict:
+def responses(ok: Mapping[Status, object], *statuses: int) -> dict[Status, object]:
     """An operation's responses: ``ok`` plus the error body for each status it can return,
     and always 401 (no or a bad key) and 429 (rate limit)."""
     from drf_spectacular.utils import OpenApiResponse
@@ -58,7 +72,7 @@ CLOSED_REQUESTS = (
 REQUIRED_ONE_OF_BODIES = ("#/components/schemas/CredentialCreate",)
 
 
-def closed_request_bodies(result: dict, **kwargs: object) -> dict:
+def closed_request_bodies(result: dict[str, Any], **kwargs: object) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: ``additionalProperties: false`` on CLOSED_REQUESTS,
     and the one-of bodies required."""
     schemas = result.get("components", {}).get("schemas", {})

@@ -21,23 +21,25 @@ from providers.registry import CREDENTIAL_KINDS
 from trainhub_contract.spec_schema import ADAPTER_SCHEMA, HYPERPARAMETERS_SCHEMA
 
 _OBJECT = {"type": "object", "additionalProperties": True}
+# Each serializer here describes a JSON object: the dict a presenter builds, or a request body.
+Body = s.Serializer[dict[str, Any]]
 
 
 def _auto_or(**schema: Any) -> dict[str, Any]:
     return {"oneOf": [{"const": "auto"}, schema]}
 
 
-def _enum(choices: list[str], **kwargs: Any) -> s.Field:
+def _enum(choices: list[str], **kwargs: Any) -> s.CharField:
     """A string from ``choices``, its enum written inline (named enum components would collide:
     many objects have an ``object`` or a ``type`` field of their own)."""
-    field = type("Enum", (s.CharField,), {})
+    field: type[s.CharField] = type("Enum", (s.CharField,), {})
     return extend_schema_field({"type": "string", "enum": list(choices)})(field)(**kwargs)
 
 
 # --- errors and lists -------------------------------------------------------------------------
 
 
-class ErrorDetail(s.Serializer):
+class ErrorDetail(Body):
     message = s.CharField(help_text="What was wrong and what to do about it.")
     type = _enum(
         [
@@ -53,17 +55,17 @@ class ErrorDetail(s.Serializer):
     code = s.CharField(allow_null=True, help_text="A stable machine-readable code.")
 
 
-class Error(s.Serializer):
+class Error(Body):
     error = ErrorDetail()
 
 
-class Deleted(s.Serializer):
+class Deleted(Body):
     id = s.CharField()
     object = s.CharField()
     deleted = s.BooleanField()
 
 
-def page_of(item: type[s.Serializer], name: str) -> type[s.Serializer]:
+def page_of(item: type[Body], name: str) -> type[Body]:
     """``{"object": "list", "data": [...], "has_more": bool}`` of ``item``."""
     return type(
         name,
@@ -84,7 +86,7 @@ class DatasetPart(s.JSONField):
     pass
 
 
-class FileUpload(s.Serializer):
+class FileUpload(Body):
     file = DatasetPart(
         help_text="JSONL (chat messages, alpaca, prompt/completion or text): a file part, or "
         "the text itself"
@@ -92,7 +94,7 @@ class FileUpload(s.Serializer):
     purpose = _enum(["fine-tune"], required=False, default="fine-tune")
 
 
-class File(s.Serializer):
+class File(Body):
     id = s.CharField(help_text="file-… (uploads), file-metrics-… / file-adapter-… (results)")
     object = _enum(["file"])
     bytes = s.IntegerField(allow_null=True)
@@ -139,7 +141,7 @@ class HyperparametersIn(s.JSONField):
     pass
 
 
-class Hyperparameters(s.Serializer):
+class Hyperparameters(Body):
     """As resolved for the job ("auto" replaced by the value used)."""
 
     n_epochs = s.IntegerField()
@@ -153,20 +155,20 @@ class Hyperparameters(s.Serializer):
     packing = s.BooleanField(required=False, help_text="absent on jobs created before it existed")
 
 
-class SupervisedIn(s.Serializer):
-    hyperparameters = HyperparametersIn(required=False)  # type: ignore[assignment]
+class SupervisedIn(Body):
+    hyperparameters = HyperparametersIn(required=False)
 
 
-class MethodIn(s.Serializer):
+class MethodIn(Body):
     type = _enum(["supervised"], help_text="dpo and reinforcement: not yet (400)")
     supervised = SupervisedIn(required=False)
 
 
-class Supervised(s.Serializer):
+class Supervised(Body):
     hyperparameters = Hyperparameters()
 
 
-class Method(s.Serializer):
+class Method(Body):
     type = _enum(["supervised"])
     supervised = Supervised()
 
@@ -199,7 +201,7 @@ class StringMap(s.JSONField):
     pass
 
 
-class JobCreate(s.Serializer):
+class JobCreate(Body):
     model = s.CharField(help_text="Hub id (owner/name) or an absolute path the operator allows.")
     training_file = s.CharField(help_text="file-… of this project, purpose fine-tune")
     validation_file = s.CharField(required=False, allow_null=True)
@@ -230,7 +232,7 @@ class JobCreate(s.Serializer):
     priority = s.IntegerField(required=False, min_value=-100, max_value=100)
 
 
-class JobError(s.Serializer):
+class JobError(Body):
     code = s.CharField()
     message = s.CharField()
     param = s.CharField(allow_null=True)
@@ -241,7 +243,7 @@ class AnyObject(s.JSONField):
     pass
 
 
-class Job(s.Serializer):
+class Job(Body):
     id = s.CharField(help_text="ftjob-…")
     object = _enum(["fine_tuning.job"])
     model = s.CharField()
@@ -290,7 +292,7 @@ class Job(s.Serializer):
 JobList = page_of(Job, "JobList")
 
 
-class Event(s.Serializer):
+class Event(Body):
     id = s.CharField(help_text="ftevent-…")
     object = _enum(["fine_tuning.job.event"])
     created_at = s.IntegerField()
@@ -307,14 +309,14 @@ class Event(s.Serializer):
 EventList = page_of(Event, "EventList")
 
 
-class CheckpointMetrics(s.Serializer):
+class CheckpointMetrics(Body):
     step = s.IntegerField(allow_null=True)
     train_loss = s.FloatField(allow_null=True)
     learning_rate = s.FloatField(allow_null=True)
     epoch = s.FloatField(allow_null=True)
 
 
-class Checkpoint(s.Serializer):
+class Checkpoint(Body):
     id = s.CharField(help_text="ftckpt-…")
     object = _enum(["fine_tuning.job.checkpoint"])
     created_at = s.IntegerField()
@@ -330,7 +332,7 @@ class Checkpoint(s.Serializer):
 CheckpointList = page_of(Checkpoint, "CheckpointList")
 
 
-class Artifact(s.Serializer):
+class Artifact(Body):
     id = s.CharField()
     object = _enum(["fine_tuning.job.artifact"])
     job_id = s.CharField()
@@ -351,7 +353,7 @@ ArtifactList = page_of(Artifact, "ArtifactList")
 _SECRET = {"type": "string", "pattern": "^[!-~]{1,1024}$"}  # printable ASCII, no space
 
 
-def _credential_create(kind: str, fields: tuple[str, ...]) -> type[s.Serializer]:
+def _credential_create(kind: str, fields: tuple[str, ...]) -> type[Body]:
     """The create body of one credential kind: its provider and exactly its secret fields."""
     secrets = {"type": "object", "properties": dict.fromkeys(fields, _SECRET),
                "required": list(fields), "additionalProperties": False}  # fmt: skip
@@ -368,7 +370,7 @@ def _credential_create(kind: str, fields: tuple[str, ...]) -> type[s.Serializer]
 
 
 # One body per kind, told apart by ``provider``: a schema-valid body names its kind's fields.
-CREDENTIAL_CREATES: dict[str, s.Serializer | type[s.Serializer]] = {
+CREDENTIAL_CREATES: dict[str, Body | type[Body]] = {
     kind: _credential_create(kind, fields) for kind, fields in CREDENTIAL_KINDS.items()
 }
 CredentialCreate = PolymorphicProxySerializer(
@@ -378,7 +380,7 @@ CredentialCreate = PolymorphicProxySerializer(
 )
 
 
-class Credential(s.Serializer):
+class Credential(Body):
     id = s.IntegerField()
     object = _enum(["provider_credential"])
     provider = s.CharField()
@@ -391,7 +393,7 @@ class Credential(s.Serializer):
 CredentialList = page_of(Credential, "CredentialList")
 
 
-class Provider(s.Serializer):
+class Provider(Body):
     id = s.CharField()
     object = _enum(["provider"])
     description = s.CharField()
@@ -405,7 +407,7 @@ class Provider(s.Serializer):
 ProviderList = page_of(Provider, "ProviderList")
 
 
-class Offer(s.Serializer):
+class Offer(Body):
     object = _enum(["offer"])
     target = s.CharField()
     offer_id = s.CharField()
@@ -426,7 +428,7 @@ OfferList = page_of(Offer, "OfferList")
 # --- nodes (operators and the nodes themselves) -----------------------------------------------
 
 
-class Node(s.Serializer):
+class Node(Body):
     id = s.CharField()
     object = _enum(["gpu_node"])
     status = s.CharField()
@@ -448,7 +450,7 @@ class Node(s.Serializer):
 NodeList = page_of(Node, "NodeList")
 
 
-class NodeCreate(s.Serializer):
+class NodeCreate(Body):
     name = s.RegexField(
         r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", max_length=100, help_text="its queue's name too"
     )
@@ -462,7 +464,7 @@ class NodeChanged(Node):
     token = s.CharField(required=False, help_text="rotate-token only: the new token, shown once")
 
 
-class NodeEvent(s.Serializer):
+class NodeEvent(Body):
     object = _enum(["gpu_node.event"])
     node = s.CharField()
     kind = s.CharField()
@@ -474,7 +476,7 @@ class NodeEvent(s.Serializer):
 NodeEventList = page_of(NodeEvent, "NodeEventList")
 
 
-class AttemptRef(s.Serializer):
+class AttemptRef(Body):
     job_id = s.CharField()
     attempt = s.IntegerField(min_value=1)
 
@@ -483,12 +485,12 @@ class NodeClaim(AttemptRef):
     pass
 
 
-class NodeClaimed(s.Serializer):
+class NodeClaimed(Body):
     spec = AnyObject(help_text="the executor's job spec (trainhub_contract/spec.py)")
     report_token = s.CharField(help_text="speaks for this attempt's events only")
 
 
-class NodeHeartbeat(s.Serializer):
+class NodeHeartbeat(Body):
     registration = AnyObject(required=False, help_text="GPUs, labels, backend (node.py)")
     running = s.ListField(child=s.JSONField(), required=False, min_length=2, max_length=2,
                           help_text="[job_id, attempt] the node runs")  # fmt: skip
@@ -506,19 +508,19 @@ class StopRequest(AttemptRef):
     mode = _enum(["cancel", "pause"], required=False, help_text="pause: checkpoint first")
 
 
-class NodeHeartbeatAnswer(s.Serializer):
+class NodeHeartbeatAnswer(Body):
     cancel = StopRequest(many=True)
 
 
-class NodeEvents(s.Serializer):
+class NodeEvents(Body):
     events = s.ListField(child=s.DictField(), help_text="the executor's events (seq, type…)")
 
 
-class NodeEventsStored(s.Serializer):
+class NodeEventsStored(Body):
     stored = s.IntegerField()
 
 
-class WebhookReceived(s.Serializer):
+class WebhookReceived(Body):
     received = s.BooleanField()
 
 
@@ -537,7 +539,7 @@ class WebhookEventTypes(s.JSONField):
     pass
 
 
-class WebhookEndpointCreate(s.Serializer):
+class WebhookEndpointCreate(Body):
     url = s.URLField(
         max_length=2048,
         help_text="https:// (http only where the operator allows it); a public address unless "
@@ -548,14 +550,14 @@ class WebhookEndpointCreate(s.Serializer):
     enabled = s.BooleanField(required=False, default=True)
 
 
-class WebhookEndpointUpdate(s.Serializer):
+class WebhookEndpointUpdate(Body):
     url = s.URLField(required=False, max_length=2048)
     event_types = WebhookEventTypes(required=False)
     description = s.CharField(required=False, allow_blank=True, max_length=200)
     enabled = s.BooleanField(required=False, help_text="true also clears an auto-disable")
 
 
-class WebhookEndpoint(s.Serializer):
+class WebhookEndpoint(Body):
     id = s.CharField(help_text="whep-…")
     object = _enum(["webhook_endpoint"])
     url = s.CharField()
@@ -580,7 +582,7 @@ class WebhookEndpointWithSecret(WebhookEndpoint):
     secret = s.CharField(help_text="whsec_…: the Standard Webhooks signing secret, shown this once")
 
 
-class WebhookAttemptOut(s.Serializer):
+class WebhookAttemptOut(Body):
     number = s.IntegerField()
     started_at = s.IntegerField()
     status_code = s.IntegerField(allow_null=True)
@@ -589,7 +591,7 @@ class WebhookAttemptOut(s.Serializer):
     error = s.CharField(allow_null=True)
 
 
-class WebhookDeliveryOut(s.Serializer):
+class WebhookDeliveryOut(Body):
     id = s.CharField(help_text="msg_…: the webhook-id header, the same on every try")
     object = _enum(["webhook_endpoint.delivery"])
     endpoint_id = s.CharField()
@@ -626,7 +628,7 @@ class AuditChanges(s.JSONField):
     pass
 
 
-class AuditEntry(s.Serializer):
+class AuditEntry(Body):
     id = s.CharField(help_text="audit-…")
     object = _enum(["audit_entry"])
     created_at = s.IntegerField()

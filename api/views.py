@@ -75,7 +75,7 @@ class JSONBodyParser(JSONParser):
             raise ParseError("JSON parse error - the body is nested too deeply.") from None
 
 
-def _nul_at(data: dict) -> str | None:
+def _nul_at(data: dict[str, Any]) -> str | None:
     """The path of the first key or string holding a NUL character, which PostgreSQL refuses
     in text and jsonb (a 500 otherwise). Iterative: a body may be nested hundreds deep."""
     stack: list[tuple[str, object]] = [("", data)]
@@ -104,7 +104,7 @@ def _form_field(request: Request, name: str, default: str) -> object:
     return data.get(name, default) if isinstance(data, Mapping) else default
 
 
-def _body(request: Request, fields: tuple[str, ...] | None = None) -> dict:
+def _body(request: Request, fields: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The JSON object body; with ``fields``, any other key is refused (a typo is not ignored)."""
     if not isinstance(request.data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")

@@ -7,6 +7,8 @@ refuses in a text parameter) matches nothing and is never queried.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db.models import Q
 
 from jobs.errors import InvalidRequest
@@ -48,6 +50,7 @@ def audit_list(
                 param="source",
             )
         qs = qs.filter(source=source)
+    match: Callable[[str], Q]
     for param, value, match in (
         ("action", action, lambda v: Q(action=v)),
         ("object_id", object_id, lambda v: Q(object_id=v)),

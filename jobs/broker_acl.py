@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 import redis
 from django.conf import settings
@@ -42,7 +43,14 @@ NODE_COMMANDS = (
 )  # fmt: skip
 
 
-def _client() -> redis.Redis:
+class _Commands(Protocol):
+    """What this module asks of its Redis client: raw commands (redis-py leaves
+    ``execute_command`` unannotated; its answer is whatever Redis replied)."""
+
+    def execute_command(self, *args: str) -> Any: ...
+
+
+def _client() -> _Commands:
     url = settings.CELERY_BROKER_URL
     if url.startswith("redis+socket://"):
         url = "unix://" + url.removeprefix("redis+socket://")

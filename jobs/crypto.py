@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 from cryptography.fernet import Fernet, MultiFernet
 from django.conf import settings
@@ -17,7 +18,7 @@ def encrypt_json(value: dict[str, str]) -> str:
 
 
 def decrypt_json(token: str) -> dict[str, str]:
-    return json.loads(_fernet().decrypt(token.encode()))
+    return cast(dict[str, str], json.loads(_fernet().decrypt(token.encode())))
 
 
 def rotate(token: str) -> str:

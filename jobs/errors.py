@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServiceError(Exception):
     http_status = 400
@@ -76,6 +78,6 @@ class ProviderUnavailable(ServiceError):
 
 def error_body(
     message: str, *, type: str, code: str | None = None, param: str | None = None
-) -> dict:
+) -> dict[str, Any]:
     """The one shape of an error response (OpenAI's): the API and the transfer routes use it."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db.models import Model, QuerySet
 from django.db.models.fields.json import KeyTextTransform
@@ -53,20 +53,20 @@ def parse_limit(raw: str | None, default: int = 20) -> int:
     return value
 
 
-def _page(qs: QuerySet, limit: int) -> tuple[list, bool]:
+def _page(qs: QuerySet[M], limit: int) -> tuple[list[M], bool]:
     rows = list(qs[: limit + 1])
     return rows[:limit], len(rows) > limit
 
 
 def newest_first_page(
-    qs: QuerySet,
+    qs: QuerySet[M],
     *,
-    among: QuerySet,
+    among: QuerySet[M],
     after: str | None,
     limit: int,
     noun: str,
     key: str = "public_id",
-) -> tuple[list, bool]:
+) -> tuple[list[M], bool]:
     """Newest first; ``after`` is the ``key`` of the last row of the previous page, looked up
     ``among`` the caller's rows (its project, its endpoint): anything else is a 400."""
     if after:
@@ -178,7 +178,7 @@ def event_list(*, job: TrainingJob, after: str | None, limit: int) -> tuple[list
 
 def checkpoint_list(
     *, job: TrainingJob, after: str | None, limit: int
-) -> tuple[list[tuple[JobEvent, dict]], bool]:
+) -> tuple[list[tuple[JobEvent, dict[str, Any]]], bool]:
     """The job's stored checkpoints, newest first, each with the metrics logged at or before
     its step. An attempt keeps only its newest checkpoint (its slot is overwritten), so there
     is one per attempt that saved any. ``after``: the id of the last checkpoint of a page."""
@@ -192,7 +192,7 @@ def checkpoint_list(
     return [(e, _metrics_before(e)) for e in page], len(rows) > limit
 
 
-def _metrics_before(checkpoint: JobEvent) -> dict:
+def _metrics_before(checkpoint: JobEvent) -> dict[str, Any]:
     """The attempt's metrics at the checkpoint's step, else the last before it. Matched by step,
     not by event order: the executor sends a checkpoint event at once but merges metrics for up
     to a second, so the metrics of the checkpoint's own step are usually stored after it."""

@@ -133,7 +133,7 @@ def storage_sweep() -> None:
 
 
 @task(cc.NOTIFY_JOB, bind=True)
-def notify_job(self: Task, job_pk: int, status_event_number: int) -> None:
+def notify_job(self: Task[[int, int], None], job_pk: int, status_event_number: int) -> None:
     """A job ended: its creator's notification event (once) and email (retried if deferred)."""
     retries = self.request.retries
     try:

@@ -3,7 +3,7 @@ scoped to the project, another project's object is a 404, keyset pagination on `
 
 from __future__ import annotations
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, QuerySet
 
 from jobs.errors import InvalidRequest
 from jobs.models import Project, WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -27,7 +27,7 @@ def endpoint_list(
     return newest_first_page(qs, among=qs, after=after, limit=limit, noun="webhook endpoint")
 
 
-def _with_attempts(qs):  # type: ignore[no-untyped-def]
+def _with_attempts(qs: QuerySet[WebhookDelivery]) -> QuerySet[WebhookDelivery]:
     return qs.select_related("endpoint").prefetch_related(
         Prefetch("attempt_log", queryset=WebhookAttempt.objects.order_by("number"))
     )

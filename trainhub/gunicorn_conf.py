@@ -34,10 +34,12 @@ def without_query(text: str) -> str:
     return head + space + tail
 
 
-class QuerylessLogger(Logger):
+class QuerylessLogger(Logger):  # type: ignore[misc]  # gunicorn ships no type hints
     """gunicorn's logger with every query string taken out of the access-log atoms."""
 
-    def atoms(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> dict:
+    def atoms(
+        self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any
+    ) -> dict[str, Any]:
         atoms: dict[str, Any] = super().atoms(resp, req, environ, request_time)
         for name in _URL_ATOMS:
             if isinstance(atoms.get(name), str):

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import requests
 
@@ -19,7 +20,7 @@ import requests
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return cast(int, s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:
@@ -38,7 +39,7 @@ def running(
 ) -> Iterator[None]:
     """Run each command with its output in ``log_dir/<name>.log``; stop them all on exit."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, argv in commands.items():
             log = (log_dir / f"{name}.log").open("ab")

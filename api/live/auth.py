@@ -15,14 +15,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from channels.db import database_sync_to_async
 from django.db.models import Exists, OuterRef
 
 from api.live.background import ensure_running
 from jobs.models import ApiKey, ProjectMembership
 from jobs.services.accounts.projects import api_key_authenticate
+
+if TYPE_CHECKING:  # channels ships no type hints: its database_sync_to_async subclasses this
+    from asgiref.sync import SyncToAsync as database_sync_to_async
+else:
+    from channels.db import database_sync_to_async
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ def bearer_key(scope: dict[str, Any]) -> str | None:
     scheme, _, raw = scope_headers(scope).get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and raw.strip():
         return raw.strip()
+    protocol: str
     for protocol in scope.get("subprotocols") or ():
         if protocol.startswith(_BEARER_SUBPROTOCOL):
             return protocol.removeprefix(_BEARER_SUBPROTOCOL)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -31,6 +30,11 @@ from api.live.feed import JobFeed, Recent, Resync, event_from_fields
 from jobs.models import ApiKey, JobEvent, TrainingJob
 from jobs.services.outbox import live
 from jobs.states import TERMINAL
+
+if TYPE_CHECKING:  # channels ships no type hints: its database_sync_to_async subclasses this
+    from asgiref.sync import SyncToAsync as database_sync_to_async
+else:
+    from channels.db import database_sync_to_async
 
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
@@ -92,9 +96,10 @@ def _find_job(key: ApiKey, job_id: str) -> TrainingJob | None:
     return TrainingJob.objects.filter(project_id=key.project_id, public_id=job_id).first()
 
 
-class JobEventsSocket(AsyncJsonWebsocketConsumer):
+class JobEventsSocket(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels: no hints
     """``/ws/jobs/<job_id>``."""
 
+    close: Callable[[int], Awaitable[None]]  # the base's, as called here (channels: no hints)
     key: ApiKey
     job: TrainingJob
     feed: JobFeed | None = None
@@ -300,13 +305,14 @@ class NativeJobEventsSSE(JobEventsSSE):
     present = staticmethod(presenters.event_json)
 
 
-class ProjectJobsSocket(AsyncJsonWebsocketConsumer):
+class ProjectJobsSocket(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels: no hints
     """``/ws/jobs``: a snapshot of the project's unfinished jobs (``data.snapshot: true``), then
     every job's status changes as ``{"type": "status", "job", "seq", "data": <event>}``. ``seq``
     is the job's event number: a change with a seq at or below what a client has is old. A
     connection that falls behind its bounded queue gets ``{"type": "resync"}`` and a fresh
     snapshot."""
 
+    close: Callable[[int], Awaitable[None]]  # the base's, as called here (channels: no hints)
     key: ApiKey | None = None
     _queue: asyncio.Queue[Any] | None = None
     _sender: asyncio.Task[None] | None = None

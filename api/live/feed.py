@@ -21,13 +21,17 @@ import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
 from api.live.background import ensure_running
 from jobs.models import JobEvent, TrainingJob
+
+if TYPE_CHECKING:  # channels ships no type hints: its database_sync_to_async subclasses this
+    from asgiref.sync import SyncToAsync as database_sync_to_async
+else:
+    from channels.db import database_sync_to_async
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +90,7 @@ def _event_counters(job_pks: set[int]) -> dict[int, int]:
     return dict(TrainingJob.objects.filter(pk__in=job_pks).values_list("pk", "event_counter"))
 
 
-class Recent(dict):  # type: ignore[type-arg]
+class Recent(dict[Any, Any]):
     """A dict that forgets its oldest entries beyond ``size``: what one message costs to decode
     and present is paid once per process, not once per watcher."""
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.routing import URLRouter
@@ -37,7 +38,7 @@ class StreamHttp:
     where the API is."""
 
     def __init__(self) -> None:
-        self._sse = URLRouter(_sse_routes())
+        self._sse: Callable[[dict[str, Any], Any, Any], Awaitable[None]] = URLRouter(_sse_routes())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["path"] == "/healthz":

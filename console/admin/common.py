@@ -7,8 +7,9 @@ trail (jobs.services.accounts.audit), and leaves a Django ``LogEntry`` (the inde
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from django import forms
 from django.contrib import admin, messages
 from django.db import models, transaction
 from django.db.models import QuerySet
@@ -16,9 +17,30 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from jobs.errors import ServiceError
+from jobs.models import TrainingJob
 from jobs.services.accounts.audit import Actor
 
 M = TypeVar("M", bound=models.Model)
+
+if TYPE_CHECKING:
+    ModelAdmin = admin.ModelAdmin
+    TabularInline = admin.TabularInline
+    ModelForm = forms.ModelForm
+else:
+
+    class _Generic:
+        """``X[Model]`` is ``X`` itself: django-stubs makes these classes generic in their model,
+        Django does not (django_stubs_ext.monkeypatch() would, but that is a dev-only package)."""
+
+        def __init__(self, cls: type) -> None:
+            self._cls = cls
+
+        def __getitem__(self, _model: object) -> type:
+            return self._cls
+
+    ModelAdmin = _Generic(admin.ModelAdmin)
+    TabularInline = _Generic(admin.TabularInline)
+    ModelForm = _Generic(forms.ModelForm)
 
 STATUS_COLORS = {
     "validating_files": "#8250df",
@@ -38,7 +60,7 @@ STATUS_COLORS = {
 }
 
 
-class ViewOnlyAdmin(admin.ModelAdmin):
+class ViewOnlyAdmin(ModelAdmin[models.Model]):
     """A page to look at: rows another path writes (ingest, uploads, the audit trail) are never
     added, changed or deleted here. Subclasses say which path in a comment."""
 
@@ -52,7 +74,7 @@ class ViewOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(TabularInline[models.Model, models.Model]):
     extra = 0
     can_delete = False
     show_change_link = False
@@ -79,7 +101,7 @@ def admin_actor(request: HttpRequest) -> Actor:
 
 
 def each_through_service(
-    modeladmin: admin.ModelAdmin,
+    modeladmin: admin.ModelAdmin[M],
     request: HttpRequest,
     objects: QuerySet[M] | list[M],
     action: Callable[[M, Actor], Any],
@@ -107,7 +129,11 @@ def each_through_service(
 
 
 def run_job_action(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, action, verb: str
+    modeladmin: admin.ModelAdmin[TrainingJob],
+    request: HttpRequest,
+    queryset: QuerySet[TrainingJob],
+    action: Callable[..., Any],
+    verb: str,
 ) -> None:
     """A job action (``action(job=…, actor=…)``: a jobs.services.core.jobs function) on each selected
     job, by the signed-in staff user: an audit entry and a LogEntry per job it changed."""

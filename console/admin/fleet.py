@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from console.admin.common import ReadOnlyInline, colored, each_through_service
+from console.admin.common import ModelAdmin, ReadOnlyInline, colored, each_through_service
 from jobs.models import (
     GpuNode,
     NodeEvent,
@@ -23,7 +25,7 @@ class NodeEventInline(ReadOnlyInline):
 
 
 @admin.register(GpuNode)
-class GpuNodeAdmin(admin.ModelAdmin):
+class GpuNodeAdmin(ModelAdmin[GpuNode]):
     """Nodes are created (and tokens rotated) with the API or `manage.py create_node`, which
     show the token once; the admin never shows it."""
 
@@ -72,7 +74,12 @@ class GpuNodeAdmin(admin.ModelAdmin):
         return format_html_join("\n", "<div>{}</div>", ((str(n),) for n in names)) or "none"
 
     def _each(
-        self, request: HttpRequest, queryset: QuerySet, action, verb: str, deletion: bool = False
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[GpuNode],
+        action: Callable[..., object],
+        verb: str,
+        deletion: bool = False,
     ) -> None:
         done, refused = each_through_service(
             self,
@@ -88,21 +95,23 @@ class GpuNodeAdmin(admin.ModelAdmin):
             self.message_user(request, f"{verb} {done} node(s).", messages.SUCCESS)
 
     @admin.action(description="Drain selected nodes (finish the current job, take no new one)")
-    def drain(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def drain(self, request: HttpRequest, queryset: QuerySet[GpuNode]) -> None:
         self._each(
             request, queryset,
             lambda **kw: node_services.node_set_draining(draining=True, **kw), "Draining",
         )  # fmt: skip
 
     @admin.action(description="Undrain selected nodes")
-    def undrain(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def undrain(self, request: HttpRequest, queryset: QuerySet[GpuNode]) -> None:
         self._each(
             request, queryset,
             lambda **kw: node_services.node_set_draining(draining=False, **kw), "Undrained",
         )  # fmt: skip
 
     @admin.action(description="Delete selected offline nodes")
-    def delete_offline(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def delete_offline(
+        self, request: HttpRequest, queryset: QuerySet[GpuNode]
+    ) -> HttpResponse | None:
         if request.POST.get("confirm") != "yes":  # first ask, listing what would go
             return TemplateResponse(
                 request,

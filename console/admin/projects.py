@@ -13,7 +13,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from console.admin.common import admin_actor, each_through_service
+from console.admin.common import (
+    ModelAdmin,
+    ModelForm,
+    TabularInline,
+    admin_actor,
+    each_through_service,
+)
 from jobs.errors import Conflict
 from jobs.models import (
     ApiKey,
@@ -26,12 +32,12 @@ from jobs.services.accounts.audit import Actor
 from providers.registry import CREDENTIAL_KINDS
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(TabularInline[ProjectMembership, Project]):
     model = ProjectMembership
     extra = 0
 
 
-class ProjectForm(forms.ModelForm):
+class ProjectForm(ModelForm[Project]):
     """The operator-credential providers as a choice among the known provider kinds (not a
     JSON text box): only those can be checked, and an empty choice is an empty list."""
 
@@ -49,7 +55,7 @@ class ProjectForm(forms.ModelForm):
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(ModelAdmin[Project]):
     form = ProjectForm
     list_display = ("slug", "name", "max_concurrent_jobs", "max_spend_per_hour",
                     "operator_credential_providers", "created_at")  # fmt: skip
@@ -57,7 +63,7 @@ class ProjectAdmin(admin.ModelAdmin):
     inlines = [MembershipInline]
 
     def save_model(
-        self, request: HttpRequest, obj: Project, form: forms.ModelForm, change: bool
+        self, request: HttpRequest, obj: Project, form: forms.ModelForm[Project], change: bool
     ) -> None:
         # What the members were, for the entry save_related writes once the inline is saved.
         request._members_before = (  # type: ignore[attr-defined]
@@ -67,7 +73,7 @@ class ProjectAdmin(admin.ModelAdmin):
         project_services.project_update(project=obj, data=data, actor=admin_actor(request))
 
     def save_related(
-        self, request: HttpRequest, form: forms.ModelForm, formsets: Any, change: bool
+        self, request: HttpRequest, form: forms.ModelForm[Project], formsets: Any, change: bool
     ) -> None:
         super().save_related(request, form, formsets, change)
         project_services.project_members_record(
@@ -79,13 +85,13 @@ class ProjectAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Project) -> None:
         project_services.project_delete(project=obj, actor=admin_actor(request))
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Project]) -> None:
         for project in queryset:
             project_services.project_delete(project=project, actor=admin_actor(request))
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ModelAdmin[ApiKey]):
     """Keys are created with `manage.py create_api_key`; only the prefix is ever shown.
     Revocation is one-way and goes through the service (the action, which asks first):
     ``revoked_at`` is never editable, so no form can clear it (a leaked key stays dead) nor
@@ -99,7 +105,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     actions = ["revoke"]
 
     @admin.action(description="Revoke selected keys (asks first; cannot be undone)")
-    def revoke(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> HttpResponse | None:
         if request.POST.get("confirm") != "yes":  # first ask, listing what would stop working
             return TemplateResponse(
                 request,
@@ -123,7 +129,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return None
 
     def save_model(
-        self, request: HttpRequest, obj: ApiKey, form: forms.ModelForm, change: bool
+        self, request: HttpRequest, obj: ApiKey, form: forms.ModelForm[ApiKey], change: bool
     ) -> None:
         project_services.api_key_rename(
             key=obj, name=form.cleaned_data["name"], actor=admin_actor(request)
@@ -137,7 +143,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(ProviderCredential)
-class ProviderCredentialAdmin(admin.ModelAdmin):
+class ProviderCredentialAdmin(ModelAdmin[ProviderCredential]):
     """Secrets are write-only: set through the API; the admin shows field names only. Renames
     and deletes go through the services (Django's own confirmation page asks before a delete)."""
 
@@ -147,7 +153,11 @@ class ProviderCredentialAdmin(admin.ModelAdmin):
     readonly_fields = ("project", "provider", "secret_fields", "created_at", "updated_at")
 
     def save_model(
-        self, request: HttpRequest, obj: ProviderCredential, form: forms.ModelForm, change: bool
+        self,
+        request: HttpRequest,
+        obj: ProviderCredential,
+        form: forms.ModelForm[ProviderCredential],
+        change: bool,
     ) -> None:
         project_services.credential_rename(
             credential=obj, name=form.cleaned_data["name"], actor=admin_actor(request)
@@ -156,7 +166,7 @@ class ProviderCredentialAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: ProviderCredential) -> None:
         project_services.credential_delete(credential=obj, actor=admin_actor(request))
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ProviderCredential]) -> None:
         for credential in queryset:
             project_services.credential_delete(credential=credential, actor=admin_actor(request))
 

@@ -21,7 +21,7 @@ from django.db.models.fields.json import KeyTextTransform
 
 from api.presenters import estimated_finish
 from jobs.models import JobAttempt, JobEvent, TrainingJob
-from jobs.services.core import costs
+from jobs.services.core import costs as costs  # training_jobs reads queries.costs
 from jobs.services.core.events import EVENT_TYPES
 from jobs.services.core.jobs import PAUSABLE
 from jobs.services.outbound.notifications import NOTIFICATION

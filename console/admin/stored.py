@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from console.admin.common import ViewOnlyAdmin
+from console.admin.common import ModelAdmin, ViewOnlyAdmin
 from jobs.models import (
     Artifact,
     StorageDeletion,
@@ -40,7 +40,7 @@ class ArtifactAdmin(ViewOnlyAdmin):
 
 
 @admin.register(StorageDeletion)
-class StorageDeletionAdmin(admin.ModelAdmin):
+class StorageDeletionAdmin(ModelAdmin[StorageDeletion]):
     """Objects of deleted jobs and files, purged by the retention sweep until their URLs expire."""
 
     list_display = ("key", "reason", "created_at", "last_purged_at")

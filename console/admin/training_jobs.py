@@ -26,7 +26,7 @@ from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
 from console.admin import charts, dashboard, queries
-from console.admin.common import STATUS_COLORS, admin_actor, colored, run_job_action
+from console.admin.common import STATUS_COLORS, ModelAdmin, admin_actor, colored, run_job_action
 from jobs.models import TrainingJob
 from jobs.services.core import jobs as job_services
 from jobs.states import TERMINAL
@@ -65,10 +65,16 @@ def _actions() -> dict[str, JobAction]:
     }
 
 
-def _bulk(name: str) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet], None]:
+def _bulk(
+    name: str,
+) -> Callable[[admin.ModelAdmin[TrainingJob], HttpRequest, QuerySet[TrainingJob]], None]:
     """The list page's "<Name> selected jobs": the same service and verb as the page's button."""
 
-    def run(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    def run(
+        modeladmin: admin.ModelAdmin[TrainingJob],
+        request: HttpRequest,
+        queryset: QuerySet[TrainingJob],
+    ) -> None:
         action = _actions()[name]
         run_job_action(modeladmin, request, queryset, action.service, action.verb)
 
@@ -87,10 +93,14 @@ class LiveMachineFilter(admin.SimpleListFilter):
     title = "rented machine"
     parameter_name = "machine"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[TrainingJob]
+    ) -> list[tuple[str, str]]:
         return [("live", "live now")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[TrainingJob]
+    ) -> QuerySet[TrainingJob]:
         if self.value() == "live":
             return queryset.filter(pk__in=dashboard.live_machines().values("job_id"))
         return queryset
@@ -115,7 +125,7 @@ def _truncated(text: str, chars: int) -> str:
 
 
 @admin.register(TrainingJob)
-class TrainingJobAdmin(admin.ModelAdmin):
+class TrainingJobAdmin(ModelAdmin[TrainingJob]):
     change_list_template = "admin/jobs/wide_change_list.html"
     list_display = (
         "job",
@@ -149,7 +159,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
             ("Raw state (latest metrics, counters)", {"classes": ["collapse"], "fields": raw}),
         ]
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TrainingJob]:
         return queries.with_attempts(super().get_queryset(request))
 
     # --- list columns ---------------------------------------------------------------------
@@ -376,7 +386,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: TrainingJob) -> None:
         job_services.job_delete(job=obj, actor=admin_actor(request))
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[TrainingJob]) -> None:
         # "Delete selected", after Django's confirmation page, which refuses a selection with
         # a live job in it (has_delete_permission per object).
         for job in queryset:

@@ -9,7 +9,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from console.admin.common import ReadOnlyInline, admin_actor, each_through_service
+from console.admin.common import (
+    ModelAdmin,
+    ModelForm,
+    ReadOnlyInline,
+    admin_actor,
+    each_through_service,
+)
 from jobs.errors import ServiceError
 from jobs.models import (
     WebhookAttempt,
@@ -20,7 +26,7 @@ from jobs.models.webhooks import EVENT_TYPES as WEBHOOK_EVENT_TYPES
 from jobs.services.outbound import webhook_delivery, webhook_endpoints
 
 
-class WebhookEndpointForm(forms.ModelForm):
+class WebhookEndpointForm(ModelForm[WebhookEndpoint]):
     """URL, event types, description and enabled; the URL is checked as the API checks it.
     The signing secret is never a field: it is generated on save and shown once."""
 
@@ -41,7 +47,7 @@ class WebhookEndpointForm(forms.ModelForm):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(ModelAdmin[WebhookEndpoint]):
     """Created, changed and deleted through the same services as the API, with the signed-in
     staff user as the audit trail's actor; the secret is shown once in a message after create
     and after rotate, never on a page or in a list. A delete asks first (Django's own page)."""
@@ -60,7 +66,11 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         return (*self.readonly_fields, "project") if obj is not None else self.readonly_fields
 
     def save_model(
-        self, request: HttpRequest, obj: WebhookEndpoint, form: forms.ModelForm, change: bool
+        self,
+        request: HttpRequest,
+        obj: WebhookEndpoint,
+        form: forms.ModelForm[WebhookEndpoint],
+        change: bool,
     ) -> None:
         data = {k: form.cleaned_data[k] for k in ("url", "event_types", "description", "enabled")}
         actor = admin_actor(request)
@@ -82,13 +92,13 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
         webhook_endpoints.endpoint_delete(endpoint=obj, actor=admin_actor(request))
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         # Django's "delete selected" (after its confirmation page): each through the service.
         for endpoint in queryset:
             webhook_endpoints.endpoint_delete(endpoint=endpoint, actor=admin_actor(request))
 
     @admin.action(description="Rotate the signing secret (the old one signs during the overlap)")
-    def rotate_secret(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def rotate_secret(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         def rotate(endpoint: Any, actor: Any) -> None:
             secret = webhook_endpoints.endpoint_rotate_secret(endpoint=endpoint, actor=actor)
             self.message_user(
@@ -99,7 +109,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
         each_through_service(self, request, queryset, rotate, message="Signing secret rotated.")
 
-    def _set_enabled(self, request: HttpRequest, queryset: QuerySet, enabled: bool) -> None:
+    def _set_enabled(
+        self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint], enabled: bool
+    ) -> None:
         each_through_service(
             self,
             request,
@@ -111,11 +123,11 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Enable selected endpoints")
-    def enable(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def enable(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         self._set_enabled(request, queryset, True)
 
     @admin.action(description="Disable selected endpoints")
-    def disable(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def disable(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         self._set_enabled(request, queryset, False)
 
 
@@ -126,7 +138,7 @@ class WebhookAttemptInline(ReadOnlyInline):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(ModelAdmin[WebhookDelivery]):
     """The delivery log: every try's status, latency, answer excerpt and error."""
 
     list_display = ("message_id", "event_type", "job_public_id", "endpoint", "status",
@@ -139,7 +151,7 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     actions = ["redeliver"]
 
     @admin.action(description="Redeliver selected (same webhook-id)")
-    def redeliver(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def redeliver(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
         done = 0
         for delivery in queryset.select_related("endpoint"):
             try:

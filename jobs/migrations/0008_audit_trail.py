@@ -8,7 +8,9 @@ a table by rebuilding it, which drops its triggers.
 """
 
 import django.utils.timezone
+from django.apps.registry import Apps
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 import jobs.models.audit
 
@@ -42,7 +44,7 @@ SQLITE_DOWN = [f"DROP TRIGGER IF EXISTS jobs_auditentry_no_{verb}" for verb in (
 STATEMENTS = {"postgresql": (POSTGRESQL_UP, POSTGRESQL_DOWN), "sqlite": (SQLITE_UP, SQLITE_DOWN)}
 
 
-def _run(schema_editor, which: int) -> None:
+def _run(schema_editor: BaseDatabaseSchemaEditor, which: int) -> None:
     vendor = schema_editor.connection.vendor
     if vendor not in STATEMENTS:
         raise RuntimeError(f"No append-only trigger for the {vendor} database; add one here.")
@@ -50,11 +52,11 @@ def _run(schema_editor, which: int) -> None:
         schema_editor.execute(sql, params=None)  # None: a literal %, no placeholders
 
 
-def triggers_up(apps, schema_editor) -> None:
+def triggers_up(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     _run(schema_editor, 0)
 
 
-def triggers_down(apps, schema_editor) -> None:
+def triggers_down(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     _run(schema_editor, 1)
 
 

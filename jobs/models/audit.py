@@ -25,7 +25,7 @@ class AppendOnly(Exception):
     """An attempt to change or remove an audit entry."""
 
 
-class AuditQuerySet(models.QuerySet):
+class AuditQuerySet(models.QuerySet["AuditEntry"]):
     def update(self, **kwargs: Any) -> NoReturn:
         raise AppendOnly("Audit entries are append-only: they cannot be updated.")
 

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.errors import ServiceError
 from jobs.services.accounts.audit import Actor
@@ -11,11 +13,11 @@ class Command(BaseCommand):
         "once, on the last line: start the node with TRAINHUB_NODE_TOKEN set to it."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
         parser.add_argument("--rotate", action="store_true", help="new token for an existing node")
 
-    def handle(self, *args, name: str, rotate: bool, **options):
+    def handle(self, *args: Any, name: str, rotate: bool, **options: Any) -> None:
         actor = Actor.command("create_node")
         try:
             if rotate:

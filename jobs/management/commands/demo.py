@@ -156,7 +156,7 @@ class Command(BaseCommand):
             return node_create(name=NODE, actor=DEMO_ACTOR)[1]
         return node_rotate_token(node=node, actor=DEMO_ACTOR)
 
-    def walkthrough(self, http: requests.Session, base: str) -> dict:
+    def walkthrough(self, http: requests.Session, base: str) -> dict[str, Any]:
         broken = self.upload(http, base, "broken.jsonl", BROKEN_DATASET)
         self.say(
             f"broken upload {broken['id']}: status {broken['status']}, "
@@ -199,7 +199,9 @@ class Command(BaseCommand):
         self.say(f"GPU node '{NODE}' is idle: {caps.get('gpu_count', 0)} GPU(s), backend "
                  f"{caps.get('backend')}")  # fmt: skip
 
-    def main_job(self, http: requests.Session, base: str, file_id: str, model: Path, out: Path):
+    def main_job(
+        self, http: requests.Session, base: str, file_id: str, model: Path, out: Path
+    ) -> None:
         body = {
             "model": str(model),
             "training_file": file_id,
@@ -274,16 +276,20 @@ class Command(BaseCommand):
                     return
         raise CommandError("the event stream ended before the job did; see var/logs")
 
-    def poll(self, http: requests.Session, url: str, ready: Any, timeout: float = 30) -> dict:
+    def poll(
+        self, http: requests.Session, url: str, ready: Any, timeout: float = 30
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            current = http.get(url).json()
+            current: dict[str, Any] = http.get(url).json()
             if ready(current):
                 return current
             time.sleep(0.3)
         raise CommandError(f"{url} did not get ready within {timeout:.0f} s; see var/logs")
 
-    def upload(self, http: requests.Session, base: str, name: str, content: bytes) -> dict:
+    def upload(
+        self, http: requests.Session, base: str, name: str, content: bytes
+    ) -> dict[str, Any]:
         created = http.post(
             f"{base}/files/", files={"file": (name, content)}, data={"purpose": "fine-tune"}
         )

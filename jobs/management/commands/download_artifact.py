@@ -2,9 +2,9 @@
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gpu_worker.extract import UnsafeArchive, safe_extract
 from jobs import storage
@@ -24,12 +24,14 @@ class Command(BaseCommand):
         "manifest, the whole against the stored sha256) and extracted safely into DIR/<job>-adapter."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("artifact_id")
         parser.add_argument("dir", type=Path)
         parser.add_argument("--no-extract", action="store_true", help="keep only the .tar")
 
-    def handle(self, *args, artifact_id: str, dir: Path, no_extract: bool, **options):
+    def handle(
+        self, *args: Any, artifact_id: str, dir: Path, no_extract: bool, **options: Any
+    ) -> None:
         artifact = Artifact.objects.select_related("job").filter(public_id=artifact_id).first()
         if artifact is None:
             raise CommandError(f"No artifact '{artifact_id}'.")

@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.core.management.base import BaseCommand
 
 from jobs.services.accounts.projects import secrets_reencrypt
@@ -10,6 +12,6 @@ class Command(BaseCommand):
         "Rotation: prepend a new key everywhere, restart, run this, then drop the old key."
     )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         for field, count in secrets_reencrypt().items():
             self.stdout.write(f"re-encrypted {count} {field}")

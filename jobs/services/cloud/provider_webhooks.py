@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import cast
 
 from django.conf import settings
 from django.core import signing
@@ -60,7 +61,9 @@ def webhook_url(attempt: JobAttempt) -> str:
     if not settings.TRAINHUB_PUBLIC_URL:
         return ""
     token = _signer().sign(str(attempt.pk))
-    return settings.TRAINHUB_PUBLIC_URL.rstrip("/") + reverse("provider-webhook", args=[token])
+    return cast(str, settings.TRAINHUB_PUBLIC_URL).rstrip("/") + reverse(
+        "provider-webhook", args=[token]
+    )
 
 
 def webhook_attempt(token: str) -> int | None:

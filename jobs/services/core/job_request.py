@@ -80,7 +80,7 @@ def _resolve(hyper: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _merged_hyperparameters(data: Mapping[str, Any]) -> dict[str, Any] | None:
+def _merged_hyperparameters(data: Mapping[str, Any]) -> object:
     legacy = data.get("hyperparameters")
     if "method" not in data:
         return _resolve(dict(legacy), "hyperparameters") if isinstance(legacy, Mapping) else legacy

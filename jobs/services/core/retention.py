@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from jobs import storage
@@ -88,7 +88,7 @@ def storage_sweep(*, now: datetime | None = None) -> SweepReport:
     )
 
 
-def _jobs_due(now: datetime):
+def _jobs_due(now: datetime) -> QuerySet[TrainingJob]:
     grace = timedelta(seconds=settings.TRAINHUB_CHECKPOINT_RETENTION_SECONDS)
     finished = Q(status=JobStatus.SUCCEEDED, finished_at__lte=now) | Q(
         status__in=[JobStatus.FAILED, JobStatus.CANCELLED], finished_at__lte=now - grace

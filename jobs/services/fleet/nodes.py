@@ -291,7 +291,9 @@ def node_stopping(*, node: GpuNode) -> None:
     node_settle(node_pk=node.pk)
 
 
-def node_stop_requests(*, node: GpuNode, running: tuple[object, object] | None = None) -> list:
+def node_stop_requests(
+    *, node: GpuNode, running: tuple[object, object] | None = None
+) -> list[dict[str, object]]:
     """The attempts this node must stop, as ``[{"job_id", "attempt", "mode"}]``: its live
     attempts of cancelling jobs (mode cancel) and of paused jobs (mode pause: the executor
     saves a checkpoint first), and ``running`` (what its supervisor runs; mode cancel) unless

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import smtplib
 from dataclasses import dataclass
+from typing import cast
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -49,7 +50,7 @@ class Notified:
 
 def retry_delay(retries: int) -> int:
     """Seconds before retry number ``retries + 1`` of a deferred email."""
-    return min(_RETRY_MAX_SECONDS, _RETRY_FIRST_SECONDS * 2**retries)
+    return min(_RETRY_MAX_SECONDS, _RETRY_FIRST_SECONDS * cast(int, 2**retries))
 
 
 def job_notify(*, job_pk: int, status_event_number: int, retrying: bool = False) -> Notified | None:
