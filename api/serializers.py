@@ -14,7 +14,7 @@ from typing import Any
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers as s
 
-from gpu_worker.model_cache import MAX_MODELS, MAX_NAME
+from gpu_worker.agent.model_cache import MAX_MODELS, MAX_NAME
 from jobs.models.webhooks import EVENT_TYPES as WEBHOOK_EVENT_TYPES
 from jobs.states import JobCapacity, JobStatus
 from providers.registry import CREDENTIAL_KINDS
@@ -500,7 +500,7 @@ class NodeHeartbeat(Body):
         required=False,
         max_length=MAX_MODELS,
         help_text="the base models cached on the node: hub ids 'owner/name' and absolute "
-        "paths (gpu_worker/model_cache.py)",
+        "paths (gpu_worker/agent/model_cache.py)",
     )
 
 

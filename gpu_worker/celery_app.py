@@ -4,16 +4,16 @@
 
 The broker is only a doorbell: the node connects as its own Redis user, which can read its own
 queue and nothing else (jobs/broker_acl.py), and never publishes. So everything a node sends
-goes over HTTPS with its token (gpu_worker.node_api), and the worker runs without remote
+goes over HTTPS with its token (gpu_worker.agent.node_api), and the worker runs without remote
 control, events, gossip or mingle (all of which publish to shared channels).
 
 - ``run_attempt`` (queue ``gpu.node.<name>``, message ``{"job_id", "attempt"}``) is the thin
-  supervisor (gpu_worker.supervisor). ``acks_late`` + ``reject_on_worker_lost``; a message lost
+  supervisor (gpu_worker.agent.supervisor). ``acks_late`` + ``reject_on_worker_lost``; a message lost
   with its worker is sent again by the control plane until the attempt is claimed, so kombu's
   ack emulation (a hash shared by every queue) is off.
 - On start the worker registers (capabilities, labels) and then heartbeats from a thread of
   the main process; on a clean stop it says so, so it goes offline at once. The base models
-  cached on the node (gpu_worker.model_cache) go with each registration and with the first
+  cached on the node (gpu_worker.agent.model_cache) go with each registration and with the first
   heartbeat after they changed (an attempt that downloaded its model, say). An ephemeral node
   stops itself (SIGTERM to the worker: a warm shutdown) after its one job.
 - The pool process starts the first attempt's executor ahead, its imports done
@@ -33,10 +33,10 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready, worker_shutting_down
 
-from gpu_worker import node as node_settings
-from gpu_worker import supervisor
-from gpu_worker.model_cache import ModelCache
-from gpu_worker.node_api import NodeApi
+from gpu_worker.agent import node as node_settings
+from gpu_worker.agent import supervisor
+from gpu_worker.agent.model_cache import ModelCache
+from gpu_worker.agent.node_api import NodeApi
 from trainhub_contract import celery_conf as cc
 
 log = logging.getLogger(__name__)

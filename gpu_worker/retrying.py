@@ -1,6 +1,6 @@
 """The one retry policy of trainhub's outbound calls: provider APIs (``providers.http``), the
 executor's file transfers (``gpu_worker.transfer``) and a GPU node's claim
-(``gpu_worker.supervisor``). tenacity runs the loop; this module says how long to wait.
+(``gpu_worker.agent.supervisor``). tenacity runs the loop; this module says how long to wait.
 
 - The n-th retry waits ``backoff_seconds * 2**(n-1)``, capped at ``backoff_max_seconds``; with
   ``jitter`` that is scaled by a random factor in [0.5, 1), so callers failing together spread

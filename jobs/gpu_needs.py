@@ -10,7 +10,7 @@ node qualifies) and
 ``node_selector = {"region": "eu-*"}`` (every label must exist on the node and match the glob).
 
 Among the nodes that fit, the dispatcher prefers one that has the job's base model cached
-(:func:`model_cached`, from the list the node reports; gpu_worker.model_cache).
+(:func:`model_cached`, from the list the node reports; gpu_worker.agent.model_cache).
 """
 
 from __future__ import annotations

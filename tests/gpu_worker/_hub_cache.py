@@ -1,5 +1,5 @@
 """A fake Hugging Face hub cache, laid out as huggingface_hub writes it, and local model folders:
-for the model cache scan's tests (tests/gpu_worker/test_model_cache.py), the node client's
+for the model cache scan's tests (tests/gpu_worker/agent/test_model_cache.py), the node client's
 (tests/jobs/services/fleet/test_node_client.py) and the fleet's end to end (tests/e2e/test_fleet.py)."""
 
 from __future__ import annotations

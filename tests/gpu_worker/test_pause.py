@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from gpu_worker import checkpoints, supervisor
+from gpu_worker import checkpoints
 from gpu_worker.__main__ import _StopFlag
+from gpu_worker.agent import supervisor
 from tests.gpu_worker._control import ControlPlane, control_fixture  # noqa: F401 - ``control``
+from tests.gpu_worker.agent.test_supervisor import HEARTBEAT, NO_CANCEL, SLEEPER, _spawn, _watch
 from tests.gpu_worker.conftest import spec_dict
-from tests.gpu_worker.test_supervisor import HEARTBEAT, NO_CANCEL, SLEEPER, _spawn, _watch
 from trainhub_contract.outcomes import ExitCode, StopMode
 
 PAUSE = (200, {"cancel": [{"job_id": "ftjob-1", "attempt": 2, "mode": "pause"}]})

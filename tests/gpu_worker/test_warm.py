@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from gpu_worker import node as node_settings
-from gpu_worker import supervisor
+from gpu_worker.agent import node as node_settings
+from gpu_worker.agent import supervisor
 from gpu_worker.warm import WarmExecutor, read_order
 from tests.gpu_worker._control import ControlPlane, control_fixture  # noqa: F401 - ``control``
 from tests.gpu_worker.conftest import spec_dict
@@ -167,7 +167,7 @@ def test_each_attempt_runs_in_a_fresh_warm_process_that_exits_with_it(
         *[(200, {"spec": s, "report_token": f"rt-{s['attempt']}"}) for s in specs],
     )
     control.answer(f"/api/v1/nodes/{NODE}/heartbeat/", (200, {"cancel": []}))
-    caplog.set_level(logging.INFO, logger="gpu_worker.supervisor")
+    caplog.set_level(logging.INFO, logger="gpu_worker.agent.supervisor")
 
     supervisor.prepare_warm(node)  # as the worker's pool process does when it starts
     assert supervisor._warm is not None
@@ -201,7 +201,7 @@ def test_without_a_warm_process_to_take_it_an_attempt_starts_cold(
     read, write = os.pipe()
     os.close(write)
     supervisor._warm = WarmExecutor(dead, read)
-    caplog.set_level(logging.INFO, logger="gpu_worker.supervisor")
+    caplog.set_level(logging.INFO, logger="gpu_worker.agent.supervisor")
 
     proc, start = supervisor._start_executor(["--version-of-nothing"], {})
 

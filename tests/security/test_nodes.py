@@ -12,8 +12,8 @@ import redis
 from celery import Celery
 from django.conf import settings
 
-from gpu_worker import node as node_settings
-from gpu_worker import supervisor
+from gpu_worker.agent import node as node_settings
+from gpu_worker.agent import supervisor
 from jobs.broker_acl import broker_acl_supported, broker_user_delete
 from jobs.models import GpuNode, JobEvent
 from jobs.services.core import jobs

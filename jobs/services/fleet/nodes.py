@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from gpu_worker.model_cache import MAX_MODELS, MAX_NAME
+from gpu_worker.agent.model_cache import MAX_MODELS, MAX_NAME
 from jobs.broker_acl import broker_user_delete, broker_user_set, broker_users_sync
 from jobs.errors import Conflict, InvalidRequest, NotFound
 from jobs.models import GpuNode, JobAttempt, NodeEvent
@@ -198,7 +198,7 @@ def parse_cached_models(value: object) -> list[str] | None:
     could name (a hub id or an absolute path, at most MAX_NAME characters), at most
     MAX_MODELS of them; returned sorted without repeats. Anything else is refused whole
     (InvalidRequest naming the item): it comes from a GPU node, and a node sends only what this
-    accepts (gpu_worker.model_cache.reportable)."""
+    accepts (gpu_worker.agent.model_cache.reportable)."""
     if value is None:
         return None
     if not isinstance(value, list):

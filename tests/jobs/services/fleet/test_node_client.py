@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpu_worker import node as node_settings
-from gpu_worker.model_cache import ModelCache
-from gpu_worker.node_api import NodeApi, events_url
+from gpu_worker.agent import node as node_settings
+from gpu_worker.agent.model_cache import ModelCache
+from gpu_worker.agent.node_api import NodeApi, events_url
 from gpu_worker.report import Reporter
 from gpu_worker.sinks import HttpSink
 from jobs.broker_acl import broker_user_delete

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from api.presenters import tenant_waiting_reason
-from gpu_worker.model_cache import MAX_MODELS, MAX_NAME, reportable
+from gpu_worker.agent.model_cache import MAX_MODELS, MAX_NAME, reportable
 from jobs.errors import InvalidRequest
 from jobs.models import GpuNode, JobEvent, NodeEvent, TrainingJob
 from jobs.services.fleet import nodes

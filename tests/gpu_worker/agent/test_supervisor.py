@@ -21,9 +21,9 @@ import requests
 import responses
 from kombu.utils.url import url_to_parts
 
-from gpu_worker import node as node_settings
-from gpu_worker import supervisor
-from gpu_worker.node_api import NodeApi
+from gpu_worker.agent import node as node_settings
+from gpu_worker.agent import supervisor
+from gpu_worker.agent.node_api import NodeApi
 from gpu_worker.sinks import HttpSink
 from tests.gpu_worker._control import ControlPlane, control_fixture  # noqa: F401 - ``control``
 

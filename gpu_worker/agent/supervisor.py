@@ -2,7 +2,7 @@
 on cancel. Runs inside the node's Celery task (gpu_worker.celery_app); no Django.
 
 The broker message names the attempt only; its ids are checked before they name a file, and
-the spec comes from the claim (gpu_worker.node_api). The executor is a separate process
+the spec comes from the claim (gpu_worker.agent.node_api). The executor is a separate process
 (``python -m gpu_worker run``) so GPU memory is freed with it and a cancel can signal it. It
 sends its own events over HTTPS with the attempt's report token (the http sink); it gets
 neither the node's token nor the broker URL. The supervisor only speaks when the executor
@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.agent.node import NodeConfig
+from gpu_worker.agent.node_api import NodeApi, checked_ids, events_url
 from gpu_worker.errors import INTERNAL_ERROR
-from gpu_worker.node import NodeConfig
-from gpu_worker.node_api import NodeApi, checked_ids, events_url
 from gpu_worker.sinks import HttpSink
 from gpu_worker.warm import WarmExecutor
 from trainhub_contract.outcomes import ExitCode, Outcome, StopMode

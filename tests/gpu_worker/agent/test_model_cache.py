@@ -1,4 +1,4 @@
-"""gpu_worker.model_cache: which base models a node reports as cached. A fake Hugging Face hub
+"""gpu_worker.agent.model_cache: which base models a node reports as cached. A fake Hugging Face hub
 cache laid out as huggingface_hub writes it (``models--owner--name/{blobs,refs,snapshots}``,
 snapshot files linked to blobs, ``<blob>.incomplete`` while downloading), local model folders,
 the cache location as huggingface_hub resolves it, the bounds, and the rescan cadence."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker import model_cache as mc
-from gpu_worker import node as node_settings
+from gpu_worker.agent import model_cache as mc
+from gpu_worker.agent import node as node_settings
 from tests.gpu_worker._hub_cache import (
     COMMIT,
     CONFIG,

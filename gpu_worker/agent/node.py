@@ -20,7 +20,7 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 | ``TRAINHUB_CHECKPOINT_EVERY_STEPS`` / ``_SECONDS`` | checkpoint cadence passed to the executor |
 | ``TRAINHUB_NODE_MODEL_DIRS`` | absolute directories of local models (``,`` or ``:`` separated): each, and each model directory inside one, is reported as cached |
 | ``TRAINHUB_NODE_MODEL_SCAN_SECONDS`` | rescan the model caches at least this often (300); a change of the directories rescans sooner |
-| ``HF_HUB_CACHE`` / ``HF_HOME`` | the Hugging Face hub cache whose complete snapshots are reported as cached (gpu_worker.model_cache) |
+| ``HF_HUB_CACHE`` / ``HF_HOME`` | the Hugging Face hub cache whose complete snapshots are reported as cached (gpu_worker.agent.model_cache) |
 | ``TRAINHUB_NODE_WARM_EXECUTOR`` | ``0``: start every executor cold; default on (not on an ephemeral node): the next attempt's executor is started ahead with its imports done (gpu_worker.warm) |
 """
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from gpu_worker import model_cache
+from gpu_worker.agent import model_cache
 from trainhub_contract import celery_conf
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -63,7 +63,7 @@ class NodeConfig:
     gpus_override: str | None
     # A pause uploads a checkpoint before the executor exits: it may take minutes on a large model.
     pause_grace_seconds: float = 600.0
-    # Where cached base models are looked for (gpu_worker.model_cache); None: not looked for.
+    # Where cached base models are looked for (gpu_worker.agent.model_cache); None: not looked for.
     hub_cache: Path | None = None
     model_dirs: tuple[Path, ...] = ()
     model_scan_seconds: float = model_cache.DEFAULT_SCAN_SECONDS

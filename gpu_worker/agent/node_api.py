@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from gpu_worker.node import NodeConfig
+from gpu_worker.agent.node import NodeConfig
 from gpu_worker.retrying import RetryPolicy
 from trainhub_contract.outcomes import StopMode
 
