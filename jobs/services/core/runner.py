@@ -36,12 +36,12 @@ class Report:
     sha256: str = ""  # a finished run's bundle, as the executor hashed it
 
     @classmethod
-    def of_event(cls, type: str, data: dict[str, Any], message: str) -> Report | None:
+    def of_event(cls, event_type: str, data: dict[str, Any], message: str) -> Report | None:
         """The report a stored executor event makes: a ``status`` event with an outcome, or an
         ``error``; None for any other (remote input: unknown values are no report)."""
-        if type == "error":
+        if event_type == "error":
             status: object = Outcome.FAILED.value
-        elif type == "status":
+        elif event_type == "status":
             status = data.get("status")
         else:
             return None

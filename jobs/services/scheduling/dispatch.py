@@ -19,7 +19,6 @@ URLs are issued then, and a report token that lets its executor report for this 
 from __future__ import annotations
 
 import hmac
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,7 +36,6 @@ from jobs.states import JobStatus, WaitCode
 from providers.registry import AUTO_TARGET, OWN_FLEET_TARGET
 from trainhub_contract import celery_conf as cc
 
-log = logging.getLogger(__name__)
 S = JobStatus
 N = GpuNode.Status
 LOCAL = OWN_FLEET_TARGET
@@ -61,9 +59,8 @@ def dispatch_queued() -> int:
         idle = cached_first([n for n in fitting if n.status == N.IDLE], job.model)
         attempt = NODES.start(job=job, on=idle)
         if attempt is not None:
-            for node in idle:
-                if node.name == attempt.node_name:
-                    node.status = N.BUSY  # for the rest of this pass
+            taken = next(n for n in idle if n.name == attempt.node_name)
+            taken.status = N.BUSY  # for the rest of this pass
             placed += 1
         elif job.target == LOCAL:
             note_waiting(job, *_waiting_reason(job, nodes, fitting))
