@@ -18,7 +18,6 @@ from jobs.services.core import artifacts, attempts, files, retention, runner, st
 from jobs.services.fleet import nodes
 from jobs.services.outbound import notifications, webhook_delivery
 from jobs.services.outbox import messages
-from jobs.services.runners import node
 from jobs.services.scheduling import dispatch, placement
 from providers import registry
 from trainhub_contract import celery_conf as cc
@@ -111,7 +110,7 @@ def fleet_tick() -> None:
     lost messages are sent again, then dispatch."""
     nodes.nodes_mark_offline()
     nodes.nodes_sync_broker_users()
-    node.attempts_resend_unclaimed()
+    runner.target_observe(target=registry.OWN_FLEET_TARGET)  # resends what no node claimed
     dispatch.dispatch_queued()
 
 
