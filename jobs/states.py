@@ -1,12 +1,16 @@
-"""Job statuses and the allowed transitions: pure data, no Django.
+"""Job statuses, the allowed transitions and what a report about an attempt does: pure data,
+no Django.
 
-This is DESIGN's status table. ``jobs.services.core.jobs.job_transition`` is the only writer of a
-job's status and consults nothing but this module.
+This is DESIGN's status table. ``jobs.services.core.status.job_transition`` is the only writer
+of a job's status and consults nothing but this module; ``attempt_report`` (core.attempts) acts
+on a report by :data:`REPORT_ACTIONS` alone.
 """
 
 from __future__ import annotations
 
 import enum
+
+from trainhub_contract.outcomes import Outcome
 
 
 class JobStatus(enum.StrEnum):
@@ -57,6 +61,29 @@ ALLOWED_FROM: dict[JobStatus, frozenset[JobStatus]] = {
 
 def can_transition(src: JobStatus | str, dst: JobStatus | str) -> bool:
     return JobStatus(src) in ALLOWED_FROM[JobStatus(dst)]
+
+
+class ReportAction(enum.StrEnum):
+    """What a report about a live attempt (its executor's, or its provider's for it) does."""
+
+    START = "start"  # provisioning → running: training began
+    FINALIZE = "finalize"  # → finalizing, and the reported bundle is ingested and verified
+    END = "end"  # the attempt ends; its end reason decides where the job goes (attempt_end)
+    IGNORE = "ignore"  # a repeat, or news the job has already moved past
+
+
+# (reported outcome, job status) → what happens, for every place an attempt runs in: a node's
+# reports, events read over SSH, and a provider's own states (polling turns them into reports).
+REPORT_ACTIONS: dict[tuple[Outcome, JobStatus], ReportAction] = {
+    **{(outcome, status): ReportAction.IGNORE for outcome in Outcome for status in S},
+    (Outcome.RUNNING, S.PROVISIONING): ReportAction.START,
+    (Outcome.SUCCEEDED, S.RUNNING): ReportAction.FINALIZE,
+    # paused: the run finished before the pause reached it; its adapter is kept.
+    (Outcome.SUCCEEDED, S.PAUSED): ReportAction.FINALIZE,
+    # A run that failed or stopped ends its attempt, whatever the job's status.
+    **{(Outcome.FAILED, status): ReportAction.END for status in S},
+    **{(Outcome.CANCELLED, status): ReportAction.END for status in S},
+}
 
 
 class JobCapacity(enum.StrEnum):

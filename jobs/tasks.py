@@ -14,7 +14,7 @@ from celery import Task, shared_task
 
 from jobs.locks import single_runner
 from jobs.services.cloud import launch, polling, reconcile
-from jobs.services.core import artifacts, attempts, files, retention, stopping
+from jobs.services.core import artifacts, attempts, files, retention, runner, stopping
 from jobs.services.fleet import nodes
 from jobs.services.outbound import notifications, webhook_delivery
 from jobs.services.outbox import messages
@@ -76,7 +76,7 @@ def poll_active_attempts() -> None:
 @task(cc.POLL_TARGET)
 @single_runner(lambda target: f"poll:{target}", ttl_seconds=cc.POLL_INTERVAL_SECONDS * 6)
 def poll_target(target: str) -> None:
-    polling.attempts_poll_target(target=target)
+    runner.target_observe(target=target)
 
 
 @task(cc.STOP_MACHINES)
@@ -110,7 +110,7 @@ def fleet_tick() -> None:
     lost messages are sent again, then dispatch."""
     nodes.nodes_mark_offline()
     nodes.nodes_sync_broker_users()
-    dispatch.attempts_resend_unclaimed()
+    runner.target_observe(target=registry.OWN_FLEET_TARGET)  # resends what no node claimed
     dispatch.dispatch_queued()
 
 

@@ -223,7 +223,7 @@ def test_an_attempt_whose_message_vanished_is_sent_again(
 ) -> None:
     """What a Redis restart does to a queued message, done by hand: the node dies unseen, the
     job is dispatched to it, its queue is emptied; the restarted node gets the attempt again."""
-    from jobs.services.scheduling.dispatch import attempts_resend_unclaimed
+    from jobs.services.runners.node import attempts_resend_unclaimed
     from trainhub.celery import app
 
     token = _node("node-v")

@@ -6,7 +6,9 @@ the reconciler act on. Placement hands over candidate offers, cheapest first: on
 for capacity is remembered (services.offers) and the next is tried within the same attempt.
 Other errors follow the provider error family: a launch that surely did not happen is retried
 with backoff (the attempt's lease bounds the retries); bad credentials and permanent refusals
-end the attempt with a reason.
+end the attempt with a reason. What differs between the rented places (what the request
+carries for the executor, whether an unanswered launch may be sent again) is asked of the
+place's runner (cloud.rental).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from jobs import storage
 from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, Project, TrainingJob
 from jobs.services.accounts.targets import MissingCredentials, adapter_for
-from jobs.services.cloud import offers, remote
+from jobs.services.cloud import offers
 from jobs.services.cloud.polling import POLL_EVERY
 from jobs.services.cloud.provider_webhooks import webhook_url
+from jobs.services.cloud.rental import ExecutorStart, Rental, rental_for
 from jobs.services.core import costs
-from jobs.services.core.attempts import attempt_end, attempt_start, machine_name, report_finished
+from jobs.services.core.attempts import attempt_end, attempt_report, attempt_start, machine_name
 from jobs.services.core.events import event_append
-from jobs.services.core.specs import attempt_spec
+from jobs.services.core.runner import finished
 from jobs.services.outbox import messages
 from jobs.states import EndReason, JobStatus
 from providers import registry
@@ -68,9 +71,10 @@ def offer_label(offer: Offer, terms: tuple[Capacity, float] | None = None) -> st
 def attempt_launch(*, job: TrainingJob, candidates: Sequence[Offer] = ()) -> JobAttempt | None:
     """Start the next attempt of a queued cloud job and launch it: on the first candidate offer
     that takes it, or (targets without a price list) wherever the job's target chooses."""
-    target = registry.cloud(candidates[0].target if candidates else job.target)
-    if target is None:
+    rented = rental_for(candidates[0].target if candidates else job.target)
+    if rented is None:
         return None
+    target, _ = rented
     try:
         attempt = attempt_start(job=job, target=target.name)
     except InvalidTransition as exc:  # cancelled, or launched by a duplicate delivery meanwhile
@@ -109,24 +113,24 @@ def attempt_provision(
                 label = offer_label(offer, costs.rental_terms(offer, job.capacity))
                 refusals.append(f"{label}: {why}")
                 continue
-        target = registry.cloud(attempt.target)
-        if target is None:
+        rented = rental_for(attempt.target)
+        if rented is None:
             attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message="unknown target")
             return
+        target, rental = rented
         try:
-            if target.drives_ssh and not attempt.ssh_private_key_ciphertext:
-                remote.attempt_new_ssh_key(attempt=attempt)
-            handle = adapter_for(target, job.project).launch(_launch_request(attempt, target))
+            request = _launch_request(attempt, target, rental.executor_start(attempt))
+            handle = adapter_for(target, job.project).launch(request)
         except NoCapacity as exc:
             if offer is None:
-                _launch_failed(attempt, target, exc, try_number)
+                _launch_failed(attempt, target, rental, exc, try_number)
                 return
             offers.offer_refused(offer, f"no capacity: {exc.message}")
             label = offer_label(offer, costs.rental_terms(offer, job.capacity))
             refusals.append(f"{label}: no capacity ({exc.message})")
             continue
         except (MissingCredentials, ProviderError) as exc:
-            _launch_failed(attempt, target, exc, try_number)
+            _launch_failed(attempt, target, rental, exc, try_number)
             return
         _launched(attempt, target, handle.instance_id, offer)
         return
@@ -208,17 +212,18 @@ def _launched(
         messages.send_stop_machines(job.pk)
 
 
-def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchRequest:
+def _launch_request(
+    attempt: JobAttempt, target: registry.Target, executor: ExecutorStart
+) -> LaunchRequest:
     job = attempt.job
     return LaunchRequest(
         job_id=job.public_id,
         attempt=attempt.number,
         name=machine_name(attempt),
         max_runtime_seconds=job.max_runtime_seconds,
-        # Handler-style providers run the spec as given; SSH ones get it once the machine is up.
-        spec={} if target.drives_ssh else attempt_spec(attempt, sinks=[], public=True),
+        spec=executor.spec,
         gpu=dict(job.gpu),
-        ssh_public_key=remote.attempt_public_key(attempt) if target.drives_ssh else "",
+        ssh_public_key=executor.ssh_public_key,
         webhook_url=webhook_url(attempt),
         offer=Offer(**attempt.offer) if attempt.offer else None,
         # placement priced the offer this way (_claim_offer); targets without offers: on demand
@@ -227,7 +232,7 @@ def _launch_request(attempt: JobAttempt, target: registry.Target) -> LaunchReque
 
 
 def _launch_failed(
-    attempt: JobAttempt, target: registry.Target, exc: Exception, try_number: int
+    attempt: JobAttempt, target: registry.Target, rental: Rental, exc: Exception, try_number: int
 ) -> None:
     log.warning("launch of %s failed: %s", machine_name(attempt), exc)
     if isinstance(exc, NoCapacity):
@@ -238,7 +243,11 @@ def _launch_failed(
             reason=EndReason.PROVIDER_ERROR,
             message=f"{target.name} refused the project's credential: {exc}",
         )
-    elif isinstance(exc, TransientProviderError) and exc.maybe_applied and not target.drives_ssh:
+    elif (
+        isinstance(exc, TransientProviderError)
+        and exc.maybe_applied
+        and not rental.relaunches_unanswered()
+    ):
         # The provider may run it already and cannot be asked (no listing by name): look at
         # the attempt's output before submitting again, rather than pay for two runs blindly.
         JobAttempt.objects.filter(pk=attempt.pk).update(launch_unconfirmed_at=timezone.now())
@@ -272,4 +281,5 @@ def _adopt_finished_run(attempt: JobAttempt) -> None:
         message=f"Attempt {attempt.number}'s unconfirmed launch did run: its bundle is stored.",
         data={"attempt": attempt.number},
     )
-    report_finished(attempt)
+    for report in finished():
+        attempt_report(attempt=attempt, report=report)

@@ -1,5 +1,6 @@
-"""Polling cloud attempts after launch (services.launch): apply what the provider reports,
-drive SSH executors, check the billed rate.
+"""Polling cloud attempts after launch (services.launch): turn what the provider shows into
+reports (:func:`provider_reports`), let the place act on a machine alive (an SSH-driven one
+drives its executor: cloud.rental), check the billed rate.
 
 Polls are scheduled per attempt (``next_poll_at``): each cycle takes the most overdue attempts
 up to the target's budget, so a provider's rate limit degrades staleness evenly instead of
@@ -20,16 +21,17 @@ from django.utils import timezone
 
 from jobs.models import JobAttempt
 from jobs.services.accounts.targets import MissingCredentials, adapter_for
-from jobs.services.cloud import offers, remote
+from jobs.services.cloud import offers
+from jobs.services.cloud.rental import Rental, rental_for
 from jobs.services.core import costs
 from jobs.services.core.attempts import (
-    apply_outcome,
     attempt_end,
     attempt_record_events,
+    attempt_report,
     machine_handle,
-    report_finished,
 )
 from jobs.services.core.events import event_append
+from jobs.services.core.runner import Report, finished
 from jobs.services.core.stopping import ALIVE, confirm_stop, pauses_in_place
 from jobs.states import EndReason, JobStatus
 from providers import registry
@@ -47,9 +49,10 @@ POLL_CHUNK = 200
 
 def attempts_poll_target(*, target: str) -> int:
     """Poll the most overdue live attempts of ``target`` (up to its budget); returns how many."""
-    entry = registry.cloud(target)
-    if entry is None:
+    rented = rental_for(target)
+    if rented is None:
         return 0
+    entry, rental = rented
     now = timezone.now()
     # Least recently polled first: when the budget is short, every attempt waits alike (a
     # round robin); when it is not, pending ones are due less often (POLL_EVERY).
@@ -71,18 +74,19 @@ def attempts_poll_target(*, target: str) -> int:
             continue
         # In chunks, so a state is applied a moment after its answer, not after the whole batch.
         for start in range(0, len(attempts), POLL_CHUNK):
-            _poll(entry, adapter, attempts[start : start + POLL_CHUNK], cycle)
+            _poll(entry, rental, adapter, attempts[start : start + POLL_CHUNK], cycle)
     return len(due)
 
 
 def attempt_poll(*, attempt_pk: int) -> None:
     """Poll one attempt now (a provider's webhook said something changed)."""
     attempt = _polled_attempts().filter(pk=attempt_pk).first()
-    entry = registry.cloud(attempt.target) if attempt is not None else None
-    if attempt is not None and entry is not None:
+    rented = rental_for(attempt.target) if attempt is not None else None
+    if attempt is not None and rented is not None:
+        entry, rental = rented
         adapter = _adapter_or_end(entry, [attempt])
         if adapter is not None:
-            _poll(entry, adapter, [attempt], timezone.now())
+            _poll(entry, rental, adapter, [attempt], timezone.now())
 
 
 def _polled_attempts() -> QuerySet[JobAttempt]:
@@ -113,6 +117,7 @@ def _end_unreachable(attempts: list[JobAttempt], exc: Exception) -> None:
 
 def _poll(
     target: registry.Target,
+    rental: Rental,
     adapter: ProviderAdapter,
     attempts: list[JobAttempt],
     cycle: datetime,
@@ -130,7 +135,7 @@ def _poll(
         state = states.get(attempt.provider_instance_id)
         if state is None:
             continue
-        if _apply_remote_state(target, adapter, attempt, state):
+        if _apply_remote_state(target, rental, adapter, attempt, state):
             alive[POLL_EVERY[state.status]].append(attempt.pk)
     now = timezone.now()
     lease = now + timedelta(seconds=settings.TRAINHUB_LEASE_TTL_SECONDS)
@@ -140,8 +145,24 @@ def _poll(
         )
 
 
+def provider_reports(state: RemoteState) -> tuple[Report, ...]:
+    """What a provider's final state of a machine says about its run, as reports."""
+    if state.status == RemoteStatus.SUCCEEDED:
+        return finished(state.message)
+    if state.status == RemoteStatus.FAILED:
+        return (Report(Outcome.FAILED, code=state.error_code, message=state.message),)
+    if state.status == RemoteStatus.CANCELLED:
+        return (Report(Outcome.CANCELLED, message=state.message),)
+    # Lost: the provider no longer knows the machine, or it died under us.
+    return (Report(Outcome.FAILED, code=EndReason.WORKER_LOST, message=state.message),)
+
+
 def _apply_remote_state(
-    target: registry.Target, adapter: ProviderAdapter, attempt: JobAttempt, state: RemoteState
+    target: registry.Target,
+    rental: Rental,
+    adapter: ProviderAdapter,
+    attempt: JobAttempt,
+    state: RemoteState,
 ) -> bool:
     """Act on what the provider said; True while the machine is alive."""
     job = attempt.job
@@ -150,10 +171,10 @@ def _apply_remote_state(
         job.refresh_from_db(fields=["status"])
     if job.status == S.PAUSED:
         if state.status == RemoteStatus.SUCCEEDED:  # finished before the pause reached it
-            report_finished(attempt, state.message)
+            _report(attempt, state)
             return False
         if state.status in ALIVE and pauses_in_place(attempt):
-            remote.attempt_drive(attempt=attempt, state=state, pause=True)
+            rental.alive(attempt, state, pause=True)
             return True
     if job.status in (S.CANCELLING, S.PAUSED) or attempt.stop_requested_at is not None:
         return confirm_stop(adapter, attempt, state)
@@ -161,20 +182,15 @@ def _apply_remote_state(
     if rate is not None and state.status in ALIVE and _over_price_cap(target, attempt, rate):
         return False
     if state.status in ALIVE:
-        if target.drives_ssh:
-            remote.attempt_drive(attempt=attempt, state=state)
-        elif state.status == RemoteStatus.RUNNING and job.status == S.PROVISIONING:
-            apply_outcome(attempt, Outcome.RUNNING, {}, state.message)
+        rental.alive(attempt, state, pause=False)
         return True
-    if state.status == RemoteStatus.SUCCEEDED:
-        report_finished(attempt, state.message)
-    elif state.status == RemoteStatus.FAILED:
-        apply_outcome(attempt, Outcome.FAILED, {"code": state.error_code}, state.message)
-    elif state.status == RemoteStatus.CANCELLED:
-        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message=state.message)
-    else:
-        attempt_end(attempt=attempt, reason=EndReason.WORKER_LOST, message=state.message)
+    _report(attempt, state)
     return False
+
+
+def _report(attempt: JobAttempt, state: RemoteState) -> None:
+    for report in provider_reports(state):
+        attempt_report(attempt=attempt, report=report)
 
 
 def _over_price_cap(target: registry.Target, attempt: JobAttempt, rate: float) -> bool:

@@ -1,5 +1,6 @@
-"""Attempts: start, leases, executor reports, and their end (cloud ones after launch:
-services.polling and services.stopping).
+"""Attempts: start, leases, reports, and their end. Where an attempt runs is its runner's
+business (core.runner): an ending attempt has its runner release what it held, a stop is asked
+of its runner, and every runner's reports come to :func:`attempt_report`.
 
 An attempt ends exactly once (conditional UPDATE on ``ended_at IS NULL``); how it ended
 decides where the job goes: back to the queue while attempts remain, failed, or cancelled.
@@ -27,19 +28,17 @@ from django.utils import timezone
 
 from jobs.errors import InvalidTransition
 from jobs.models import JobAttempt, TrainingJob
-from jobs.services.core import costs
 from jobs.services.core.events import (
     clean_executor_event,
     event_append,
     events_store,
     events_within_caps,
 )
+from jobs.services.core.runner import Report, runner_for
 from jobs.services.core.status import job_transition
-from jobs.services.fleet.nodes import node_release
 from jobs.services.outbox import messages
-from jobs.states import EndReason, JobStatus
+from jobs.states import REPORT_ACTIONS, EndReason, JobStatus, ReportAction
 from providers.base import MACHINE_PREFIX, Capacity, Handle
-from trainhub_contract.outcomes import Outcome
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -103,11 +102,9 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
         )
         if not ended:
             return False
-        settled = None
-        if attempt.on_own_fleet:
-            node_release(attempt=attempt)
-        else:
-            settled = costs.attempt_settle_cost(attempt_pk=attempt.pk)
+        runner = runner_for(attempt.target)
+        if runner is not None:
+            runner.release(attempt=attempt)
         job = TrainingJob.objects.select_for_update().get(pk=attempt.job_id)
         if job.status == S.PAUSED and reason == EndReason.CANCELLED:
             reason = EndReason.PAUSED  # the stop the pause asked for
@@ -120,8 +117,7 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
             message=f"Attempt {attempt.number} ended: {detail}.",
             data={"attempt": attempt.number, "end_reason": str(reason)},
         )
-        if settled is not None:
-            _note_spot_saving(job, settled)
+        _note_spot_saving(job, JobAttempt.objects.get(pk=attempt.pk))  # as release settled it
         if reason == EndReason.SUCCEEDED:
             pass  # the job moves on through finalizing → succeeded at ingest
         elif job.status == S.PAUSED:
@@ -149,8 +145,6 @@ def attempt_end(*, attempt: JobAttempt, reason: EndReason, message: str = "") ->
                 job_transition(
                     job=job, to=S.FAILED, error_code=reason.value, message=f"{detail}{suffix}"
                 )
-    if attempt.provider_instance_id:  # however it ended, its machine must stop billing
-        messages.send_stop_machines(attempt.job_id)
     return True
 
 
@@ -204,29 +198,16 @@ def _end_while_paused(
 
 
 def attempt_request_stop(*, attempt: JobAttempt, pause: bool = False) -> None:
-    """Ask whatever runs the attempt to stop (after commit). The job stays cancelling (or
-    paused, with the attempt live) until the stop is confirmed or the lease expires. A node
-    attempt not claimed yet has nothing running: it ends now, and the node's claim of it will
-    be refused; a claimed one is stopped by its node, whose supervisor asks every few seconds
-    (nodes.node_stop_requests; a paused job's attempt is asked to save a checkpoint first).
-    Cloud machines are stopped by services.stopping (an SSH-driven one that runs the executor
-    is asked to checkpoint first, on its polls)."""
+    """Ask whatever runs the attempt to stop (its runner: core.runner; after commit). The job
+    stays cancelling (or paused, with the attempt live) until the stop is confirmed or the
+    lease expires. ``pause``: the attempt is to save a checkpoint first where its place can."""
     if pause:
         JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
             pause_requested_at=timezone.now()
         )
-    if attempt.node_name:
-        unclaimed = JobAttempt.objects.filter(
-            pk=attempt.pk, claimed_at__isnull=True, ended_at__isnull=True
-        ).exists()
-        if unclaimed:
-            attempt_end(
-                attempt=attempt,
-                reason=EndReason.PAUSED if pause else EndReason.CANCELLED,
-                message=f"{'paused' if pause else 'cancelled'} before start",
-            )
-        return
-    messages.send_stop_machines(attempt.job_id)
+    runner = runner_for(attempt.target)
+    if runner is not None:
+        runner.stop(attempt=attempt, pause=pause)
 
 
 def attempt_renew_lease(*, attempt: JobAttempt) -> None:
@@ -277,51 +258,24 @@ def attempt_record_events(
     stored = events_store(job=attempt.job, attempt=attempt_number, events=kept)
     attempt_renew_lease(attempt=attempt)
     for event in stored:
-        if event.type == "status":
-            outcome = _outcome(event.data.get("status"))
-            if outcome is not None:
-                apply_outcome(attempt, outcome, event.data, event.message)
-        elif event.type == "error":
-            apply_outcome(attempt, Outcome.FAILED, event.data, event.message)
+        report = Report.of_event(event.type, event.data, event.message)
+        if report is not None:
+            attempt_report(attempt=attempt, report=report)
     return len(stored)
 
 
-_OUTCOMES = frozenset(o.value for o in Outcome)
-
-
-def _outcome(value: object) -> Outcome | None:
-    """The reported status as an Outcome; None for one this control plane does not act on
-    (remote input)."""
-    if isinstance(value, str) and value in _OUTCOMES:
-        return Outcome(value)
-    return None
-
-
-def apply_outcome(
-    attempt: JobAttempt, outcome: Outcome, data: dict[str, Any], message: str
-) -> None:
-    """Act on what the executor (or the provider, for it) reported about the attempt."""
+def attempt_report(*, attempt: JobAttempt, report: Report) -> None:
+    """Act on what was learned about the attempt's run (from its executor, or its provider
+    for it), as ``REPORT_ACTIONS`` says for the job's status now."""
     job = TrainingJob.objects.get(pk=attempt.job_id)
-    if outcome is Outcome.RUNNING and job.status == S.PROVISIONING:
+    action = REPORT_ACTIONS[report.outcome, S(job.status)]
+    if action is ReportAction.START:
         JobAttempt.objects.filter(pk=attempt.pk).update(started_at=timezone.now())
         job_transition(job=job, to=S.RUNNING, message="Training started.")
-    elif outcome is Outcome.SUCCEEDED and job.status in (S.RUNNING, S.PAUSED):
-        # Paused: the run finished before the pause reached it; its adapter is kept.
+    elif action is ReportAction.FINALIZE:
         job_transition(
             job=job, to=S.FINALIZING, message="Training finished; verifying the adapter."
         )
-        messages.send_ingest_artifact(attempt.pk, str(data.get("sha256", "")))
-    elif outcome is Outcome.FAILED:
-        try:
-            reason = EndReason(data.get("code", "internal_error"))
-        except ValueError:
-            reason = EndReason.INTERNAL_ERROR
-        attempt_end(attempt=attempt, reason=reason, message=message)
-    elif outcome is Outcome.CANCELLED:
-        attempt_end(attempt=attempt, reason=EndReason.CANCELLED, message=message)
-
-
-def report_finished(attempt: JobAttempt, message: str = "") -> None:
-    """The run finished; it may never have been seen running (it ran between two polls)."""
-    apply_outcome(attempt, Outcome.RUNNING, {}, "")  # only moves a job still provisioning
-    apply_outcome(attempt, Outcome.SUCCEEDED, {}, message)
+        messages.send_ingest_artifact(attempt.pk, report.sha256)
+    elif action is ReportAction.END:
+        attempt_end(attempt=attempt, reason=report.end_reason, message=report.message)

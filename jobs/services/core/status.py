@@ -1,7 +1,7 @@
 """The one writer of a job's status, and what entering a status sets in motion.
 
 The bottom service layer: attempts, dispatch, jobs and the cloud services import it, it imports
-none of them (only events and the messages it sends).
+none of them (only events, the runner port and the messages it sends).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from django.utils import timezone
 from jobs.errors import InvalidTransition
 from jobs.models import TrainingJob
 from jobs.services.core.events import event_append
+from jobs.services.core.runner import runner_for
 from jobs.services.outbox import messages
 from jobs.states import ALLOWED_FROM, TERMINAL, JobStatus
 from providers import registry
@@ -79,8 +80,10 @@ def job_transition(
 
 
 def _on_queued(job_pk: int, target: str) -> None:
-    """Cloud and ``auto`` jobs go to placement; own-fleet jobs to the dispatcher (on commit)."""
-    if target == registry.AUTO_TARGET or registry.cloud(target) is not None:
+    """Wake what starts the job's next attempt (on commit): its place's runner, or placement
+    for ``auto`` (which picks the place)."""
+    runner = runner_for(target)
+    if runner is not None:
+        runner.queued(job_pk=job_pk)
+    elif target == registry.AUTO_TARGET:
         messages.send_place_job(job_pk)
-    elif registry.is_own_fleet(target):
-        messages.send_dispatch()

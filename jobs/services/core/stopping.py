@@ -5,7 +5,10 @@ the job's machines that nothing runs on any more; an unconfirmed stop is sent ag
 A paused job's machine is stopped like a cancelled one's, except where the executor can be
 asked to checkpoint first: an SSH-driven machine it was started on pauses in place
 (:func:`pauses_in_place`: polling writes "pause" into its cancel file and collects its last
-events) and is terminated once its attempt ends, or after ``PAUSE_GRACE_SECONDS`` at most."""
+events) and is terminated once its attempt ends, or after ``PAUSE_GRACE_SECONDS`` at most.
+
+The runners (jobs.services.runners) of the rented places send these stops; ``registry.cloud``
+here only finds the provider that holds a machine."""
 
 from __future__ import annotations
 
@@ -35,14 +38,13 @@ PAUSE_GRACE_SECONDS = 600
 
 
 def pauses_in_place(attempt: JobAttempt) -> bool:
-    """Whether a paused job's live attempt is left running to save its checkpoint: its
-    executor was started over SSH and the pause's grace has not run out."""
-    target = registry.cloud(attempt.target)
+    """Whether a paused job's live attempt on a rented machine is left running to save its
+    checkpoint: the control plane started its executor (claimed: on an SSH-driven machine;
+    a serverless run is never claimed, its handler cannot be signalled) and the pause's grace
+    has not run out."""
     asked = attempt.pause_requested_at
     return (
-        target is not None
-        and target.drives_ssh
-        and attempt.claimed_at is not None
+        attempt.claimed_at is not None
         and asked is not None
         and timezone.now() - asked < timedelta(seconds=PAUSE_GRACE_SECONDS)
     )

@@ -10,40 +10,32 @@ queued, when a node turns idle, and on every fleet tick; several may run at once
 locks the node row (``skip_locked``) and moves the job with the conditional status update, so
 two dispatchers never place the same job or fill the same node twice.
 
-A placement creates the attempt, moves the job to ``provisioning`` and marks the node busy in
-one transaction, then (on commit) sends ``run_attempt`` to the node's queue with the attempt's
-ids only: the broker is a doorbell that every node could once read. The node claims the
-attempt over HTTPS with its token (:func:`attempt_claim`) and gets the spec, whose signed URLs
-are issued then, and a report token that lets its executor report for this one attempt
-(:func:`report_token`); a duplicate or outdated delivery is refused there. An attempt that is
-not claimed in time is sent again, since a Redis restart may have lost its message.
+The node place's runner (runners.node) starts the attempt and rings the node. The node claims
+the attempt over HTTPS with its token (:func:`attempt_claim`) and gets the spec, whose signed
+URLs are issued then, and a report token that lets its executor report for this one attempt
+(:func:`report_token`); a duplicate or outdated delivery is refused there.
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core import signing
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.errors import InvalidTransition
 from jobs.gpu_needs import cached_first, misfit, model_cached
 from jobs.models import GpuNode, JobAttempt, TrainingJob
-from jobs.services.core.attempts import attempt_start
 from jobs.services.core.events import event_append
 from jobs.services.core.specs import attempt_spec
-from jobs.services.outbox import messages
+from jobs.services.runners.node import NODES
 from jobs.states import JobStatus, WaitCode
 from providers.registry import AUTO_TARGET, OWN_FLEET_TARGET
 from trainhub_contract import celery_conf as cc
 
-log = logging.getLogger(__name__)
 S = JobStatus
 N = GpuNode.Status
 LOCAL = OWN_FLEET_TARGET
@@ -65,53 +57,14 @@ def dispatch_queued() -> int:
     for job in jobs:
         fitting = [n for n in nodes if misfit(job.gpu, job.node_selector, n) is None]
         idle = cached_first([n for n in fitting if n.status == N.IDLE], job.model)
-        node = next((n for n in idle if place_on_node(job, n)), None)
-        if node is not None:
-            node.status = N.BUSY  # for the rest of this pass
+        attempt = NODES.start(job=job, on=idle)
+        if attempt is not None:
+            taken = next(n for n in idle if n.name == attempt.node_name)
+            taken.status = N.BUSY  # for the rest of this pass
             placed += 1
         elif job.target == LOCAL:
             note_waiting(job, *_waiting_reason(job, nodes, fitting))
     return placed
-
-
-def place_on_node(job: TrainingJob, node: GpuNode) -> bool:
-    """Start an attempt of ``job`` on ``node`` if both are still free; True if it was."""
-    try:
-        with transaction.atomic():
-            locked = (
-                GpuNode.objects.select_for_update(skip_locked=True)
-                .filter(pk=node.pk, status=N.IDLE, current_attempt__isnull=True)
-                .first()
-            )
-            if locked is None:
-                return False
-            attempt = attempt_start(job=job, target=LOCAL, node_name=node.name)
-            GpuNode.objects.filter(pk=node.pk).update(current_attempt=attempt, status=N.BUSY)
-            if job.waiting_reason:
-                TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="")
-            _note_model_cache(job, node, attempt.number)
-            transaction.on_commit(lambda: send_run_attempt(attempt_pk=attempt.pk))
-    except InvalidTransition:  # cancelled, or placed by another dispatcher meanwhile
-        return False
-    log.info("dispatched %s attempt %s to node %s", job.public_id, attempt.number, node.name)
-    return True
-
-
-def _note_model_cache(job: TrainingJob, node: GpuNode, attempt: int) -> None:
-    """Say whether the node that takes the job has its model cached (nodes that never
-    reported a cache, older ones, say nothing). No node name: the job's project reads it."""
-    if node.models_reported_at is None:
-        return
-    cached = model_cached(node, job.model)
-    if cached:
-        message = f"Model {job.model} is cached on the node: no download."
-    elif job.model.startswith("/"):
-        message = f"Model {job.model} is not among the node's cached models."
-    else:
-        message = f"Model {job.model} is not cached on the node: it is downloaded first."
-    event_append(
-        job=job, type="log", message=message, data={"attempt": attempt, "model_cached": cached}
-    )
 
 
 def _cached_on(job: TrainingJob, fitting: list[GpuNode]) -> str:
@@ -164,15 +117,7 @@ def note_waiting(job: TrainingJob, code: WaitCode, message: str) -> None:
     job.waiting_reason = reason
 
 
-# --- the message to the node ----------------------------------------------------------------
-
-
-def send_run_attempt(*, attempt_pk: int) -> None:
-    """Ring the attempt's node (again, if it was rung before)."""
-    attempt = JobAttempt.objects.select_related("job").get(pk=attempt_pk)
-    if attempt.ended_at is not None or attempt.claimed_at is not None:
-        return
-    messages.send_run_attempt(attempt.node_name, attempt.job.public_id, attempt.number)
+# --- the node's claim and reports ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -240,15 +185,3 @@ def attempt_for_report(*, node_name: str, job_id: str, attempt_number: int, toke
             claimed_at__isnull=False,
         ).exists()
     )
-
-
-def attempts_resend_unclaimed() -> int:
-    """Send again every attempt its node has not claimed in time; returns how many."""
-    cutoff = timezone.now() - timedelta(seconds=settings.TRAINHUB_DISPATCH_RESEND_SECONDS)
-    stale = JobAttempt.objects.filter(
-        target=LOCAL, ended_at__isnull=True, claimed_at__isnull=True, created_at__lt=cutoff
-    ).values_list("pk", flat=True)
-    pks = list(stale)
-    for pk in pks:
-        send_run_attempt(attempt_pk=pk)
-    return len(pks)

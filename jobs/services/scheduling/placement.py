@@ -31,6 +31,8 @@ from jobs.services.accounts.targets import MissingCredentials, target_problem
 from jobs.services.cloud import launch, offers
 from jobs.services.core import costs
 from jobs.services.core.events import event_append
+from jobs.services.core.runner import runner_for
+from jobs.services.runners.node import NODES
 from jobs.services.scheduling import dispatch
 from jobs.states import EndReason, JobCapacity, JobStatus, WaitCode
 from providers import registry
@@ -96,11 +98,11 @@ def job_place(*, job_pk: int) -> JobAttempt | None:
         if _place_on_idle_node(job):
             return None
     else:
-        target = registry.cloud(job.target)
-        if target is None:
+        target, runner = registry.get(job.target), runner_for(job.target)
+        if target is None or runner is None:
             return None
-        if not target.has_offers:
-            return launch.attempt_launch(job=job)
+        if not target.has_offers:  # launched as it is: the target chooses the machine
+            return runner.start(job=job)
     plan = job_plan(job)
     if not plan.candidates:
         dispatch.note_waiting(job, WaitCode.NO_OFFER, _waiting_reason(job, plan))
@@ -121,7 +123,8 @@ def job_place(*, job_pk: int) -> JobAttempt | None:
             "unusable": plan.unusable,
         },
     )
-    return launch.attempt_launch(job=job, candidates=plan.candidates)
+    runner = runner_for(first.target)
+    return runner.start(job=job, on=plan.candidates) if runner is not None else None
 
 
 def jobs_place_waiting() -> int:
@@ -230,7 +233,7 @@ def _place_on_idle_node(job: TrainingJob) -> bool:
     idle = GpuNode.objects.filter(status=GpuNode.Status.IDLE).order_by("name")
     fitting = [n for n in idle if gpu_needs.misfit(job.gpu, job.node_selector, n) is None]
     # As the dispatcher: a node with the job's model cached first, then by name.
-    return any(dispatch.place_on_node(job, n) for n in gpu_needs.cached_first(fitting, job.model))
+    return NODES.start(job=job, on=gpu_needs.cached_first(fitting, job.model)) is not None
 
 
 def _waiting_reason(job: TrainingJob, plan: Plan) -> str:

@@ -26,6 +26,7 @@ from jobs.services.core.attempts import (
 )
 from jobs.services.core.jobs import job_cancel
 from jobs.services.fleet import nodes
+from jobs.services.runners.node import attempts_resend_unclaimed
 from jobs.services.scheduling import dispatch
 from jobs.states import JobStatus
 from jobs.storage import transfer
@@ -467,7 +468,7 @@ def test_resend_unclaimed_sends_only_old_unclaimed_live_local_attempts(
     sent.clear()
 
     with django_capture_on_commit_callbacks(execute=True):  # beat's tick commits
-        assert dispatch.attempts_resend_unclaimed() == 1
+        assert attempts_resend_unclaimed() == 1
 
     [(queue, message)] = run_messages(sent)
     assert queue == "gpu.node.a-old"
