@@ -91,7 +91,7 @@ def _place_on_node(job: TrainingJob, node: GpuNode) -> JobAttempt | None:
             if job.waiting_reason:
                 TrainingJob.objects.filter(pk=job.pk).update(waiting_reason="")
             _note_model_cache(job, node, attempt.number)
-            transaction.on_commit(lambda: send_run_attempt(attempt_pk=attempt.pk))
+            transaction.on_commit(lambda: ring_node(attempt_pk=attempt.pk))
     except InvalidTransition:  # cancelled, or placed by another dispatcher meanwhile
         return None
     log.info("dispatched %s attempt %s to node %s", job.public_id, attempt.number, node.name)
@@ -115,7 +115,7 @@ def _note_model_cache(job: TrainingJob, node: GpuNode, attempt: int) -> None:
     )
 
 
-def send_run_attempt(*, attempt_pk: int) -> None:
+def ring_node(*, attempt_pk: int) -> None:
     """Ring the attempt's node (again, if it was rung before)."""
     attempt = JobAttempt.objects.select_related("job").get(pk=attempt_pk)
     if attempt.ended_at is not None or attempt.claimed_at is not None:
@@ -134,5 +134,5 @@ def attempts_resend_unclaimed(*, target: str = OWN_FLEET_TARGET) -> int:
     ).values_list("pk", flat=True)
     pks = list(stale)
     for pk in pks:
-        send_run_attempt(attempt_pk=pk)
+        ring_node(attempt_pk=pk)
     return len(pks)
