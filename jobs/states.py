@@ -88,7 +88,7 @@ REPORT_ACTIONS: dict[tuple[Outcome, JobStatus], ReportAction] = {
 
 class JobCapacity(enum.StrEnum):
     """How a job may rent cloud machines (``TrainingJob.capacity``); own nodes ignore it.
-    ``providers.base.Capacity`` is what one machine is rented as; ``ANY`` lets placement take
+    ``providers.base.CapacityType`` is what one machine is rented as; ``ANY`` lets placement take
     the cheaper of the two, offer by offer."""
 
     ON_DEMAND = "on_demand"

@@ -24,7 +24,7 @@ class RemoteStatus(enum.StrEnum):
     LOST = "lost"  # the provider no longer knows it, or it died under us
 
 
-class Capacity(enum.StrEnum):
+class CapacityType(enum.StrEnum):
     """How a machine is rented. Spot (AWS spot, Vast.ai interruptible bids, RunPod
     interruptible pods) costs ``Offer.spot_price_per_hour`` and may be taken back at any time:
     the adapter reports such an end as FAILED with ``error_code`` "preempted" (an EndReason)."""
@@ -53,7 +53,7 @@ class Offer:
     gpu_count: int
     vram_gb: float  # per GPU, decimal GB as sold
     price_per_hour: float  # on-demand USD per hour for the whole machine
-    # Where the machine can be rented as spot (Capacity.SPOT): its price (AWS: the current spot
+    # Where the machine can be rented as spot (CapacityType.SPOT): its price (AWS: the current spot
     # price; Vast.ai: the bid trainhub would place; RunPod: the interruptible price). None: no spot.
     spot_price_per_hour: float | None = None
     available: bool = True  # False: listed, but the provider has no capacity for it now
@@ -77,7 +77,7 @@ class LaunchRequest:
     offer: Offer | None = None
     # SPOT: rent ``offer`` at its spot price, interruptible (placement only asks where the
     # offer has a ``spot_price_per_hour``).
-    capacity: Capacity = Capacity.ON_DEMAND
+    capacity: CapacityType = CapacityType.ON_DEMAND
 
 
 @dataclass(frozen=True)

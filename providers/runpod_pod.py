@@ -28,7 +28,7 @@ community and serverless (no spot price). Interruptible pods remain in the Graph
 (``podRentInterruptable`` with ``bidPerGpu``), which RunPod has deprecated and plans to retire
 in early 2027; REST v1's ``interruptible: true`` went with v1 (retired 2026-11-15). So offers
 carry no ``spot_price_per_hour``, placement never asks for spot here, and a launch that asks
-anyway (``Capacity.SPOT``) is refused as permanent before anything is rented. If v2 gains the
+anyway (``CapacityType.SPOT``) is refused as permanent before anything is rented. If v2 gains the
 field, the create body and ``pod_state`` are the two places to change: an interrupted pod
 shows as EXITED without our asking, which this adapter reads as LOST today.
 
@@ -48,7 +48,7 @@ from typing import Any, TypeGuard
 
 from providers.base import (
     MACHINE_PREFIX,
-    Capacity,
+    CapacityType,
     Handle,
     LaunchRequest,
     Offer,
@@ -116,7 +116,7 @@ class RunpodPods:
         self._disk_gb = disk_gb
 
     def launch(self, request: LaunchRequest) -> Handle:
-        if request.capacity is Capacity.SPOT:
+        if request.capacity is CapacityType.SPOT:
             raise PermanentProviderError(
                 f"{request.name}: RunPod's REST v2 API cannot rent an interruptible (spot) pod "
                 "(its create request has no such field); rent this pod on demand",

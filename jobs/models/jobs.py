@@ -4,7 +4,7 @@ from django.db import models
 from jobs.models.ids import new_artifact_id, new_job_id
 from jobs.states import EndReason, JobCapacity, JobStatus
 from providers import registry
-from providers.base import Capacity
+from providers.base import CapacityType
 
 
 class TrainingJob(models.Model):
@@ -155,7 +155,7 @@ class JobAttempt(models.Model):
     offer = models.JSONField(default=dict, blank=True)
     # How the machine is rented ('' for the own fleet): spot bills the offer's spot price.
     capacity = models.CharField(
-        max_length=16, blank=True, choices=[(c.value, c.value) for c in Capacity]
+        max_length=16, blank=True, choices=[(c.value, c.value) for c in CapacityType]
     )
     on_demand_rate_per_hour = models.DecimalField(
         max_digits=10,

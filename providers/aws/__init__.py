@@ -88,7 +88,7 @@ from providers.aws.prices import ON_DEMAND_USD_PER_HOUR, on_demand_price
 from providers.aws.states import SPOT_INTERRUPTION_CODES, STATUS_MAP, instance_state
 from providers.base import (
     MACHINE_PREFIX,
-    Capacity,
+    CapacityType,
     Handle,
     LaunchRequest,
     Offer,
@@ -238,7 +238,7 @@ class AwsEc2:
 
     def launch(self, request: LaunchRequest) -> Handle:
         offer, type_name, region = vm_launch_target(request, TARGET, "AWS")
-        spot = request.capacity is Capacity.SPOT
+        spot = request.capacity is CapacityType.SPOT
         if spot and offer.spot_price_per_hour is None:
             raise PermanentProviderError(
                 f"{type_name} in {region} has no spot price: it cannot be rented as spot",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from providers.base import Capacity
+from providers.base import CapacityType
 
 TARGET = "aws"
 SSH_PORT = 22
@@ -20,7 +20,7 @@ LIVE_STATES = ("pending", "running", "stopping", "stopped")
 SPOT_PRODUCT = "Linux/UNIX"  # the spot price series of a Linux AMI in a VPC
 
 
-def client_token(name: str, offer_id: str, capacity: Capacity) -> str:
+def client_token(name: str, offer_id: str, capacity: CapacityType) -> str:
     """RunInstances' idempotency token for an attempt on one offer: EC2 answers a repeat with
     the instance the first call started. The offer and capacity are in it because a token
     reused with other parameters is refused (IdempotentParameterMismatch), and an attempt may

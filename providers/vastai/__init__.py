@@ -58,7 +58,7 @@ from typing import Any
 
 from providers.base import (
     MACHINE_PREFIX,
-    Capacity,
+    CapacityType,
     Handle,
     LaunchRequest,
     Offer,
@@ -227,7 +227,7 @@ class VastAI:
             # Fail now rather than leave an instance waiting for the machine to free up.
             "cancel_unavail": True,
         }
-        if request.capacity is Capacity.SPOT:
+        if request.capacity is CapacityType.SPOT:
             price = request.offer.spot_price_per_hour if request.offer else None
             if price is None:
                 raise PermanentProviderError(

@@ -8,7 +8,7 @@ from typing import Any
 from providers.base import RemoteState, RemoteStatus, SshAddress
 from providers.vastai.api import number
 
-# The EndReason an interrupted spot machine ends with (providers.base.Capacity).
+# The EndReason an interrupted spot machine ends with (providers.base.CapacityType).
 PREEMPTED = "preempted"
 
 # ``actual_status``, the container's state. Vast sends null while the contract is being set up:

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from providers import aws, registry
 from providers.aws.api import TAG_ATTEMPT, TAG_JOB, TAG_MANAGED, split_handle
-from providers.base import Capacity, Handle, LaunchRequest, Offer, RemoteStatus
+from providers.base import CapacityType, Handle, LaunchRequest, Offer, RemoteStatus
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -211,7 +211,7 @@ def test_launch_tags_the_instance_and_uses_a_key_pair_and_an_ssh_only_group(ec2:
     instance = ec2.instance(handle)
     assert instance["InstanceType"] == "g5.xlarge" and instance["KeyName"] == req.name
     assert instance["ClientToken"] == aws.client_token(
-        req.name, "g5.xlarge@us-east-1", Capacity.ON_DEMAND
+        req.name, "g5.xlarge@us-east-1", CapacityType.ON_DEMAND
     )
     assert tag_dict(instance) == {
         "Name": req.name,
@@ -253,21 +253,21 @@ def test_launching_the_same_attempt_twice_rents_one_instance(ec2: Ec2) -> None:
 
 
 def test_the_client_token_is_stable_per_attempt_offer_and_capacity() -> None:
-    token = aws.client_token("trainhub-ftjob-x-a2", "g5.xlarge@us-east-1", Capacity.ON_DEMAND)
+    token = aws.client_token("trainhub-ftjob-x-a2", "g5.xlarge@us-east-1", CapacityType.ON_DEMAND)
     assert token == aws.client_token(
-        "trainhub-ftjob-x-a2", "g5.xlarge@us-east-1", Capacity.ON_DEMAND
+        "trainhub-ftjob-x-a2", "g5.xlarge@us-east-1", CapacityType.ON_DEMAND
     )
     assert len(token) <= 64 and token.isascii()
     others = {
-        aws.client_token("trainhub-ftjob-x-a3", "g5.xlarge@us-east-1", Capacity.ON_DEMAND),
-        aws.client_token("trainhub-ftjob-x-a2", "g6.xlarge@us-east-1", Capacity.ON_DEMAND),
-        aws.client_token("trainhub-ftjob-x-a2", "g5.xlarge@us-east-1", Capacity.SPOT),
+        aws.client_token("trainhub-ftjob-x-a3", "g5.xlarge@us-east-1", CapacityType.ON_DEMAND),
+        aws.client_token("trainhub-ftjob-x-a2", "g6.xlarge@us-east-1", CapacityType.ON_DEMAND),
+        aws.client_token("trainhub-ftjob-x-a2", "g5.xlarge@us-east-1", CapacityType.SPOT),
     }
     assert token not in others and len(others) == 3
 
 
 def test_a_spot_launch_asks_for_a_one_time_spot_instance_capped_at_on_demand(ec2: Ec2) -> None:
-    req = request(capacity=Capacity.SPOT)
+    req = request(capacity=CapacityType.SPOT)
     handle = ec2.adapter().launch(req)
     ((_, sent),) = [c for c in ec2.proxy("us-east-1").calls if c[0] == "run_instances"]
     assert sent["InstanceMarketOptions"] == {
@@ -282,7 +282,7 @@ def test_a_spot_launch_asks_for_a_one_time_spot_instance_capped_at_on_demand(ec2
 
 
 def test_spot_needs_an_offer_with_a_spot_price(ec2: Ec2) -> None:
-    req = request(capacity=Capacity.SPOT, offer=offer(spot_price_per_hour=None))
+    req = request(capacity=CapacityType.SPOT, offer=offer(spot_price_per_hour=None))
     with pytest.raises(PermanentProviderError, match="no spot price"):
         ec2.adapter().launch(req)
     assert ec2.proxy("us-east-1").calls == []
@@ -383,7 +383,7 @@ def test_one_describe_instances_per_region_answers_every_handle(ec2: Ec2) -> Non
 
 def test_a_spot_interruption_is_reported_as_preempted(ec2: Ec2) -> None:
     adapter = ec2.adapter()
-    handle = adapter.launch(request(capacity=Capacity.SPOT))
+    handle = adapter.launch(request(capacity=CapacityType.SPOT))
     region, instance_id = split_handle(handle.instance_id)
     ec2.client(region).terminate_instances(InstanceIds=[instance_id])
 

@@ -14,7 +14,7 @@ import pytest
 import responses
 from responses import matchers
 
-from providers.base import Capacity, Handle, LaunchRequest, Offer, RemoteStatus, SshAddress
+from providers.base import CapacityType, Handle, LaunchRequest, Offer, RemoteStatus, SshAddress
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -678,7 +678,7 @@ def test_a_spot_launch_is_refused_before_anything_is_rented() -> None:
     """REST v2's CreatePodRequest has no interruptible field (and rejects unknown fields), so
     a pod cannot be rented as spot: refused as permanent, with no call made."""
     offer = Offer("runpod-pod", H100, H100, 1, 80.0, 2.69)
-    spot = dataclasses.replace(request(offer=offer), capacity=Capacity.SPOT)
+    spot = dataclasses.replace(request(offer=offer), capacity=CapacityType.SPOT)
     with pytest.raises(PermanentProviderError, match="interruptible") as info:
         adapter().launch(spot)
     assert not isinstance(info.value, NoCapacity), "no other GPU type would help"

@@ -19,7 +19,7 @@ from responses import matchers
 
 from providers import vastai
 from providers.base import (
-    Capacity,
+    CapacityType,
     Handle,
     LaunchRequest,
     Offer,
@@ -391,7 +391,7 @@ def test_a_spot_launch_bids_the_offers_spot_price_for_an_interruptible_instance(
     responses.put(ASK, json=vp.created(NEW))
     responses.post(f"{BASE}/instances/{NEW}/ssh/", json={"success": True})
     offer = vastai.offers.offer_from_ask(vp.offer())
-    spot = dataclasses.replace(request(offer), capacity=Capacity.SPOT)
+    spot = dataclasses.replace(request(offer), capacity=CapacityType.SPOT)
     assert adapter().launch(spot) == Handle(instance_id=str(NEW), name=NAME)
     (put,) = sent("PUT")
     body = body_of(put)
@@ -403,7 +403,7 @@ def test_a_spot_launch_bids_the_offers_spot_price_for_an_interruptible_instance(
 def test_a_spot_launch_on_an_offer_without_a_bid_price_rents_nothing() -> None:
     listed()
     offer = dataclasses.replace(vp.trainhub_offer(), spot_price_per_hour=None)
-    spot = dataclasses.replace(request(offer), capacity=Capacity.SPOT)
+    spot = dataclasses.replace(request(offer), capacity=CapacityType.SPOT)
     error = raised(PermanentProviderError, lambda: adapter().launch(spot))
     assert "spot_price_per_hour" in error.message
     assert not sent("PUT")

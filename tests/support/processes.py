@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The test stream process's per-watcher buffer: small, so a client that stops reading overflows it.
 STREAM_BUFFER_MESSAGES = 16
 

@@ -38,7 +38,7 @@ from jobs.services.core.runner import finished
 from jobs.services.outbox import messages
 from jobs.states import EndReason, JobStatus
 from providers import registry
-from providers.base import Capacity, LaunchRequest, Offer, RemoteStatus
+from providers.base import CapacityType, LaunchRequest, Offer, RemoteStatus
 from providers.errors import (
     InvalidCredentials,
     NoCapacity,
@@ -55,12 +55,12 @@ LAUNCH_RETRY_SECONDS = (5, 15, 30, 60, 120)
 UNCONFIRMED_WAIT_SECONDS = 60
 
 
-def offer_label(offer: Offer, terms: tuple[Capacity, float] | None = None) -> str:
+def offer_label(offer: Offer, terms: tuple[CapacityType, float] | None = None) -> str:
     """'vastai 4821 (1x RTX 4090 24 GB, $0.35/h)': how events and reasons name an offer;
     with ``terms`` (costs.rental_terms) a spot rental says so: '$0.12/h spot'."""
     where = f" in {offer.region}" if offer.region else ""
     price, spot = offer.price_per_hour, ""
-    if terms is not None and terms[0] == Capacity.SPOT:
+    if terms is not None and terms[0] == CapacityType.SPOT:
         price, spot = terms[1], " spot"
     return (
         f"{offer.target} {offer.offer_id} ({offer.gpu_count}x {offer.gpu_name} "
@@ -179,7 +179,7 @@ def _launched(
         hours = Decimal(job.max_runtime_seconds) / 3600
         estimate = costs.money(quoted * hours)
     if not attempt.capacity:  # a target without a price list rents on demand
-        attempt.capacity = Capacity.ON_DEMAND
+        attempt.capacity = CapacityType.ON_DEMAND
     JobAttempt.objects.filter(pk=attempt.pk).update(
         capacity=attempt.capacity,
         provider_instance_id=instance_id,
@@ -188,7 +188,7 @@ def _launched(
         estimated_cost=estimate,
         next_poll_at=now + timedelta(seconds=POLL_EVERY[RemoteStatus.PENDING]),
     )
-    terms = (Capacity(attempt.capacity), float(quoted)) if quoted is not None else None
+    terms = (CapacityType(attempt.capacity), float(quoted)) if quoted is not None else None
     where = f" on {offer_label(offer, terms)}" if offer is not None else ""
     event_append(
         job=job,
@@ -227,7 +227,7 @@ def _launch_request(
         webhook_url=webhook_url(attempt),
         offer=Offer(**attempt.offer) if attempt.offer else None,
         # placement priced the offer this way (_claim_offer); targets without offers: on demand
-        capacity=Capacity(attempt.capacity or Capacity.ON_DEMAND),
+        capacity=CapacityType(attempt.capacity or CapacityType.ON_DEMAND),
     )
 
 

@@ -38,7 +38,7 @@ from jobs.services.core.runner import Report, runner_for
 from jobs.services.core.status import job_transition
 from jobs.services.outbox import messages
 from jobs.states import REPORT_ACTIONS, EndReason, JobStatus, ReportAction
-from providers.base import MACHINE_PREFIX, Capacity, Handle
+from providers.base import MACHINE_PREFIX, CapacityType, Handle
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -164,7 +164,11 @@ def _forgive_preemption(job: TrainingJob, reason: EndReason) -> bool:
 
 def _note_spot_saving(job: TrainingJob, attempt: JobAttempt) -> None:
     """A spot attempt's cost against what its machine time would have cost on demand."""
-    if attempt.capacity != Capacity.SPOT or attempt.cost is None or attempt.on_demand_cost is None:
+    if (
+        attempt.capacity != CapacityType.SPOT
+        or attempt.cost is None
+        or attempt.on_demand_cost is None
+    ):
         return
     saved = attempt.on_demand_cost - attempt.cost
     event_append(

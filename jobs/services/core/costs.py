@@ -17,7 +17,7 @@ from django.db.models import Sum
 
 from jobs.models import JobAttempt, TrainingJob
 from jobs.states import JobCapacity
-from providers.base import Capacity, Offer
+from providers.base import CapacityType, Offer
 
 CENTS = Decimal("0.0001")
 # What an attempt's row needs for its rates (``project_spend_per_hour`` loads only these).
@@ -28,21 +28,21 @@ def money(value: float | Decimal | str) -> Decimal:
     return Decimal(str(value)).quantize(CENTS)
 
 
-def rental_terms(offer: Offer, capacity: JobCapacity | str) -> tuple[Capacity, float] | None:
+def rental_terms(offer: Offer, capacity: JobCapacity | str) -> tuple[CapacityType, float] | None:
     """How a job asking for ``capacity`` would rent ``offer``, and at what price per hour; None
     when it cannot (spot asked, the offer has no spot price). ``any`` takes the cheaper."""
     spot = offer.spot_price_per_hour
     if capacity == JobCapacity.SPOT:
-        return None if spot is None else (Capacity.SPOT, spot)
+        return None if spot is None else (CapacityType.SPOT, spot)
     if capacity == JobCapacity.ANY and spot is not None and spot < offer.price_per_hour:
-        return Capacity.SPOT, spot
-    return Capacity.ON_DEMAND, offer.price_per_hour
+        return CapacityType.SPOT, spot
+    return CapacityType.ON_DEMAND, offer.price_per_hour
 
 
 def quoted_rate(attempt: JobAttempt) -> Decimal | None:
     """The offer's price for the way the attempt rents it (spot or on demand)."""
     offer = attempt.offer or {}
-    key = "spot_price_per_hour" if attempt.capacity == Capacity.SPOT else "price_per_hour"
+    key = "spot_price_per_hour" if attempt.capacity == CapacityType.SPOT else "price_per_hour"
     quoted = offer.get(key)
     return money(quoted) if quoted is not None else None
 
@@ -57,7 +57,7 @@ def attempt_rate(attempt: JobAttempt) -> Decimal | None:
 def on_demand_rate(attempt: JobAttempt) -> Decimal | None:
     """What the attempt's machine would cost per hour on demand: the offer's on-demand rate
     for a spot machine, else the rate it is billed at."""
-    if attempt.capacity == Capacity.SPOT and attempt.on_demand_rate_per_hour is not None:
+    if attempt.capacity == CapacityType.SPOT and attempt.on_demand_rate_per_hour is not None:
         return attempt.on_demand_rate_per_hour
     return attempt_rate(attempt)
 

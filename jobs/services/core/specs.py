@@ -17,7 +17,7 @@ from django.conf import settings
 from jobs import storage
 from jobs.models import JobAttempt
 from providers import registry
-from providers.base import Capacity
+from providers.base import CapacityType
 from trainhub_contract.spec import SPEC_VERSION
 
 # Signed URLs outlive the attempt: max_runtime plus time to wait in the node's queue and upload.
@@ -82,7 +82,7 @@ def attempt_spec(
         },
     }
     target = registry.get(attempt.target)
-    if attempt.capacity == Capacity.SPOT and target is not None and target.spot_notice:
+    if attempt.capacity == CapacityType.SPOT and target is not None and target.spot_notice:
         # A spot machine that warns: the executor checkpoints when the warning comes.
         spec["preemption_notice"] = target.spot_notice
     return spec

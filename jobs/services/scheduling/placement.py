@@ -36,7 +36,7 @@ from jobs.services.runners.node import NODES
 from jobs.services.scheduling import dispatch
 from jobs.states import EndReason, JobCapacity, JobStatus, WaitCode
 from providers import registry
-from providers.base import Capacity, Offer, offer_misfit
+from providers.base import CapacityType, Offer, offer_misfit
 from providers.errors import ProviderError
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def _skip_reason(
     capacity, price = terms
     cap = job.max_price_per_hour
     if cap is not None and costs.money(price) > cap:
-        at = " at its spot price" if capacity == Capacity.SPOT else ""
+        at = " at its spot price" if capacity == CapacityType.SPOT else ""
         return Skip(f"over the job's max_price_per_hour of ${cap:.2f}/h{at}")
     over = costs.over_ceiling(ceiling=job.project.max_spend_per_hour, spend=spend, price=price)
     if over:

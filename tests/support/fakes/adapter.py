@@ -116,7 +116,7 @@ class FakeAdapter:
 
     def preempt(self, instance_id: str) -> None:
         """The provider takes a spot machine back: what adapters report for an interruption
-        (providers.base.Capacity)."""
+        (providers.base.CapacityType)."""
         self.states[instance_id] = RemoteState(
             RemoteStatus.FAILED, "spot instance interrupted by the provider", "preempted"
         )

@@ -22,7 +22,7 @@ from jobs.services.core.jobs import job_retry
 from jobs.services.fleet import nodes
 from jobs.states import EndReason, JobCapacity, JobStatus
 from providers import registry
-from providers.base import Capacity, Offer
+from providers.base import CapacityType, Offer
 from tests.support.api import assert_error
 from tests.support.cloud import poll_due
 from tests.support.fakes.adapter import FakeAdapter, register_fake
@@ -69,12 +69,12 @@ def _offer(price: float, spot: float | None) -> Offer:
 @pytest.mark.parametrize(
     ("capacity", "price", "spot", "terms"),
     [
-        ("on_demand", 1.0, 0.3, (Capacity.ON_DEMAND, 1.0)),
-        ("spot", 1.0, 0.3, (Capacity.SPOT, 0.3)),
+        ("on_demand", 1.0, 0.3, (CapacityType.ON_DEMAND, 1.0)),
+        ("spot", 1.0, 0.3, (CapacityType.SPOT, 0.3)),
         ("spot", 1.0, None, None),
-        ("any", 1.0, 0.3, (Capacity.SPOT, 0.3)),
-        ("any", 1.0, None, (Capacity.ON_DEMAND, 1.0)),
-        ("any", 0.5, 0.6, (Capacity.ON_DEMAND, 0.5)),  # a spot price above on-demand: not taken
+        ("any", 1.0, 0.3, (CapacityType.SPOT, 0.3)),
+        ("any", 1.0, None, (CapacityType.ON_DEMAND, 1.0)),
+        ("any", 0.5, 0.6, (CapacityType.ON_DEMAND, 0.5)),  # a spot price above on-demand: not taken
     ],
 )
 def test_rental_terms_price_an_offer_by_the_jobs_capacity(capacity, price, spot, terms) -> None:
@@ -132,9 +132,9 @@ def test_on_demand_ignores_spot_prices(clouds, make_job) -> None:
     clouds["dear-cloud"].add_offer("od2", 0.40)
     attempt = place(make_job(target="auto"))
 
-    assert attempt.offer["offer_id"] == "od2" and attempt.capacity == Capacity.ON_DEMAND
+    assert attempt.offer["offer_id"] == "od2" and attempt.capacity == CapacityType.ON_DEMAND
     (request,) = clouds["dear-cloud"].launches
-    assert request.capacity == Capacity.ON_DEMAND
+    assert request.capacity == CapacityType.ON_DEMAND
     assert attempt.on_demand_rate_per_hour == Decimal("0.4000")
 
 
@@ -145,10 +145,10 @@ def test_spot_takes_only_offers_with_a_spot_price_priced_at_it(clouds, make_job)
     attempt = place(job)
 
     assert attempt.target == "dear-cloud" and attempt.offer["offer_id"] == "spotty"
-    assert attempt.capacity == Capacity.SPOT
+    assert attempt.capacity == CapacityType.SPOT
     assert attempt.on_demand_rate_per_hour == Decimal("0.9000")
     (request,) = clouds["dear-cloud"].launches
-    assert request.capacity == Capacity.SPOT and request.offer is not None
+    assert request.capacity == CapacityType.SPOT and request.offer is not None
     assert request.offer.offer_id == "spotty"
     assert clouds[CHEAP].launches == []
     # quoted and estimated at the spot price
@@ -165,14 +165,14 @@ def test_any_takes_the_cheapest_of_either_kind(clouds, make_job) -> None:
     clouds[CHEAP].add_offer("od-cheap", 0.30)  # no spot
     clouds["dear-cloud"].add_offer("spot-cheaper", 0.80, spot=0.25)
     attempt = place(make_job(target="auto", capacity="any"))
-    assert attempt.offer["offer_id"] == "spot-cheaper" and attempt.capacity == Capacity.SPOT
+    assert attempt.offer["offer_id"] == "spot-cheaper" and attempt.capacity == CapacityType.SPOT
 
     clouds["dear-cloud"].offer_list.clear()
     clouds["dear-cloud"].add_offer("spot-dearer", 0.80, spot=0.31)
     forget_offers()
     other = place(make_job(target="auto", capacity="any"))
-    assert other.offer["offer_id"] == "od-cheap" and other.capacity == Capacity.ON_DEMAND
-    assert clouds[CHEAP].launches[-1].capacity == Capacity.ON_DEMAND
+    assert other.offer["offer_id"] == "od-cheap" and other.capacity == CapacityType.ON_DEMAND
+    assert clouds[CHEAP].launches[-1].capacity == CapacityType.ON_DEMAND
 
 
 def test_the_price_cap_is_compared_with_the_price_paid(clouds, make_job) -> None:
@@ -184,7 +184,7 @@ def test_the_price_cap_is_compared_with_the_price_paid(clouds, make_job) -> None
     assert "max_price_per_hour of $1.00/h" in reloaded(on_demand).waiting_reason
 
     spot = place(make_job(target=CHEAP, max_price_per_hour="1.00", capacity="spot"))
-    assert spot.capacity == Capacity.SPOT and spot.offer["offer_id"] == "c1"
+    assert spot.capacity == CapacityType.SPOT and spot.offer["offer_id"] == "c1"
 
     capped = make_job(target=CHEAP, max_price_per_hour="0.50", capacity="spot")
     tasks.place_job(capped.pk)
@@ -301,7 +301,7 @@ def test_job_cost_sums_attempts_and_shows_the_on_demand_equivalent(clouds, make_
     first = place(job)
     _ran_for(first, 2)
     first = preempt(clouds[CHEAP], first)
-    assert first.capacity == Capacity.SPOT
+    assert first.capacity == CapacityType.SPOT
     assert first.cost == pytest.approx(Decimal("0.50"), abs=Decimal("0.001"))
     assert first.on_demand_cost == pytest.approx(Decimal("2.00"), abs=Decimal("0.001"))
     saving = job.events.get(message__startswith="Attempt 1 ran on spot")
@@ -310,7 +310,7 @@ def test_job_cost_sums_attempts_and_shows_the_on_demand_equivalent(clouds, make_
     clouds[CHEAP].offer_list.clear()  # no spot left: the second attempt rents on demand
     forget_offers()
     second = place(job)
-    assert second.capacity == Capacity.ON_DEMAND and second.target == "dear-cloud"
+    assert second.capacity == CapacityType.ON_DEMAND and second.target == "dear-cloud"
     _ran_for(second, 1)
     attempt_end(attempt=second, reason=EndReason.WORKER_LOST)
     second.refresh_from_db()

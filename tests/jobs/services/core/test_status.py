@@ -19,7 +19,7 @@ from jobs.services.core.jobs import job_transition
 from jobs.states import ALLOWED_FROM, LIVE, TERMINAL, JobStatus, can_transition
 
 S = JobStatus
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 PAIRS = list(itertools.product(JobStatus, JobStatus))
 
 
