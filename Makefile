@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 # channel prefix and broker users (tests/_processes.py). Most of the suite waits on real
 # processes, so more workers than the 2 cores pay: measured in issue 28.
 PYTEST_WORKERS ?= 4
-PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
 .PHONY: help venv services test demo lint bench migrate run clean

@@ -13,8 +13,9 @@ ones that start processes:
 
 ``make test`` runs them on pytest-xdist workers (``-n``, ``--dist loadgroup``): each worker has
 its own test database, Redis database, live channel prefix and broker users (tests/_processes.py).
-Tests that share a module-scoped process (a module's control worker) run on one worker
-(``xdist_group``), and the slow modules are handed out first.
+The tests of a module with a module-scoped fixture run on one worker (``xdist_group``), except
+the e2e ones, and the modules are handed out e2e first, then process, db and unit (the long
+ones first, the short ones fill the gaps at the end).
 """
 
 from __future__ import annotations
@@ -63,9 +64,6 @@ PROCESS_FIXTURES = frozenset(
         "live_server",  # pytest-django's threaded server (transactional, HTTP)
     }
 )
-# Module-scoped process fixtures: a module using one runs on one xdist worker, so the process
-# starts once per module as in a serial run.
-MODULE_PROCESS_FIXTURES = frozenset({"control_worker", "worker"})
 _TIERS = ("e2e", "process", "db", "unit")  # also the order modules are handed out in
 
 
@@ -82,17 +80,35 @@ def _tier(item: pytest.Item) -> str:
     return "unit"
 
 
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture (a module's control worker, a
+    training run shared by a module's tests): its module then runs on one xdist worker, so the
+    fixture is set up once, as in a serial run, not once on every worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definitions[-1].scope in ("module", "class", "package")
+        and definitions[-1].baseid  # the suite's own, not a plugin's (pytest-django's unittest)
+        for name, definitions in info.name2fixturedefs.items()
+        if definitions and name in info.names_closure
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test with its tier (module docstring); group the tests that share a module's
-    process; run the modules of the slowest tier first (stable: a module keeps its order)."""
+    """Mark every test with its tier (module docstring); keep the tests that share a module's
+    fixture on one worker; run the modules of the slowest tier first (stable: a module keeps
+    its order)."""
     module_rank: dict[Path, int] = {}
     for item in items:
         tier = _tier(item)
         item.add_marker(tier)
         if tier == "e2e":
             item.add_marker("process")
-        if set(getattr(item, "fixturenames", ())) & MODULE_PROCESS_FIXTURES:
+        # Not the e2e modules: their tests run for minutes each, so spreading them over the
+        # workers pays far more than the module's control worker costs to start again.
+        if tier != "e2e" and _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.path.relative_to(ROOT).as_posix()))
         rank = _TIERS.index(tier)
         module_rank[item.path] = min(rank, module_rank.get(item.path, rank))
@@ -384,6 +400,10 @@ def stream_server(
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "TRAINHUB_LIVE_PREFIX": settings.TRAINHUB_LIVE_PREFIX,
         "TRAINHUB_LIVE_BUFFER_MESSAGES": str(STREAM_BUFFER_MESSAGES),
+        # uvicorn's keepalive (--ws-ping-timeout, 20 s) would close a watcher that a test keeps
+        # from reading (tests/live: the slow client) while a flood lasts longer than that, as it
+        # does on a machine busy with other tests; what the tests check is the stream's buffer.
+        "UVICORN_WS_PING_TIMEOUT": "600",
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
