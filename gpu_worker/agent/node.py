@@ -9,6 +9,7 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 | ``TRAINHUB_CONTROL_URL`` | the control plane's base URL: claims, heartbeats, reports (required) |
 | ``CELERY_BROKER_URL`` | the broker, without credentials: the node adds its own user |
 |  | (``trainhub-node-<name>``, password its token) unless the URL names a user (required) |
+| ``TRAINHUB_BROKER_USER_PREFIX`` | that user's prefix (``trainhub-node-``), as the control plane's: set on both when several installations share one Redis |
 | ``TRAINHUB_NODE_LABELS`` | ``key=value,key=value`` for jobs' ``node_selector`` |
 | ``TRAINHUB_NODE_EPHEMERAL`` | ``1``: exit after one job |
 | ``TRAINHUB_NODE_GPUS`` | override the probe: ``NAME:VRAM_MIB,...`` (empty: no GPU) |

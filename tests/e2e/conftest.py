@@ -73,16 +73,39 @@ class Process:
             self.kill_group()
 
 
+# A wait that keeps seeing progress may last this many times its timeout in all.
+PATIENCE = 5
+
+
+def _progress() -> int | None:
+    """How far the stack has got: the newest event stored for any job. Executors report their
+    steps, checkpoints and logs as events, so a training that runs (slowly, on a machine busy
+    with other tests) keeps adding them; a stuck one does not."""
+    from jobs.models import JobEvent
+
+    return JobEvent.objects.order_by("-pk").values_list("pk", flat=True).first()
+
+
 def wait_for(what: str, check: Callable[[], object], timeout: float, *logs: Process) -> object:
-    """Poll until ``check()`` is truthy; fail with the processes' logs otherwise."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Poll until ``check()`` is truthy; fail with the processes' logs once ``timeout`` seconds
+    pass without progress (no new job event), or PATIENCE times that in all."""
+    start = last_progress = time.monotonic()
+    seen = _progress()
+    while True:
         value = check()
         if value:
             return value
+        now = time.monotonic()
+        if (now - last_progress > timeout) or (now - start > PATIENCE * timeout):
+            break
         time.sleep(0.2)
+        if (newest := _progress()) != seen:
+            seen, last_progress = newest, time.monotonic()
     tails = "\n".join(f"--- {p.name} ---\n{p.tail()}" for p in logs)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+    pytest.fail(
+        f"timed out after {time.monotonic() - start:.0f} s waiting for {what} "
+        f"({time.monotonic() - last_progress:.0f} s without a new job event)\n{tails}"
+    )
 
 
 @pytest.fixture(scope="session")

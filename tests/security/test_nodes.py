@@ -59,7 +59,9 @@ def test_a_node_reads_its_own_queue_and_no_other_key(two_nodes) -> None:
             lambda: as_a.scan(0),
             lambda: as_a.get("trainhub:lock:fleet-tick"),
             lambda: as_a.publish("/0.celery.pidbox", b"x"),
-            lambda: as_a.execute_command("ACL", "SETUSER", "trainhub-node-gpu-a", "+@all"),
+            lambda: as_a.execute_command(
+                "ACL", "SETUSER", cc.node_broker_username("gpu-a"), "+@all"
+            ),
             lambda: as_a.flushdb(),
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):

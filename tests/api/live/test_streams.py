@@ -160,7 +160,9 @@ def test_a_client_that_stops_reading_gets_resync_and_misses_nothing(
     async def main() -> tuple[list[dict[str, Any]], list[int]]:
         url = f"{stream_server.ws_url}/ws/jobs/{job.public_id}"
         async with (
-            connect(url, additional_headers=bearer(raw), max_queue=1) as slow,
+            # No keepalive pings from a client that does not read: it would not see the pong
+            # while the flood lasts, longer on a busy machine, and close the socket itself.
+            connect(url, additional_headers=bearer(raw), max_queue=1, ping_interval=None) as slow,
             connect(url, additional_headers=bearer(raw)) as fast,
         ):
             await asyncio.sleep(0.3)  # both subscribed
@@ -370,7 +372,10 @@ def test_a_project_watcher_that_stops_reading_gets_resync_and_a_fresh_snapshot(
 
     async def main() -> list[dict[str, Any]]:
         url = f"{stream_server.ws_url}/ws/jobs"
-        async with connect(url, additional_headers=bearer(raw), max_queue=1) as ws:
+        # No keepalive pings: the client does not read the pong while it is not reading.
+        async with connect(
+            url, additional_headers=bearer(raw), max_queue=1, ping_interval=None
+        ) as ws:
             first = json.loads(await asyncio.wait_for(ws.recv(), 10))  # the snapshot
             await asyncio.to_thread(live._send_all, flood)
             await asyncio.sleep(2)  # not reading meanwhile

@@ -77,11 +77,22 @@ def test_settings_from_the_environment(tmp_path: Path) -> None:
     assert cfg.cancel_file("ftjob-1", 2) == tmp_path / "cancel" / "ftjob-1-a2"
 
 
-def test_the_node_logs_in_to_the_broker_as_its_own_user(tmp_path: Path) -> None:
+def test_the_node_logs_in_to_the_broker_as_its_own_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRAINHUB_BROKER_USER_PREFIX", raising=False)  # the default name
     cfg = _config(tmp_path, TRAINHUB_NODE_TOKEN="thn-a/b:c@d%e")
     parts = url_to_parts(cfg.broker_url)  # as kombu reads it
     assert (parts.username, parts.password) == (f"trainhub-node-{NODE}", "thn-a/b:c@d%e")
     assert (parts.hostname, parts.port, parts.path) == ("127.0.0.1", 6379, "1")
+
+
+def test_installations_sharing_a_redis_name_their_node_users_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINHUB_BROKER_USER_PREFIX", "lab2-node-")
+    parts = url_to_parts(_config(tmp_path).broker_url)
+    assert parts.username == f"lab2-node-{NODE}"
 
 
 @pytest.mark.parametrize(
