@@ -29,12 +29,18 @@ def _ends(message: dict[str, Any]) -> bool:
     return message["type"] == "status" and message["data"]["data"].get("status") in TERMINAL
 
 
+async def _next(ws: Any) -> dict[str, Any]:
+    """The next message; fails only when none comes for TIMEOUT seconds (the wait follows the
+    job's progress, not a wall clock a busy machine would overrun)."""
+    return json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+
+
 async def _socket(url: str, headers: dict[str, str], stop_after_metrics: bool = False):
     """(type, seq) of each message until the job ends (or its first metrics event)."""
     got: list[tuple[str, int]] = []
-    async with connect(url, additional_headers=headers) as ws, asyncio.timeout(TIMEOUT):
+    async with connect(url, additional_headers=headers) as ws:
         while True:
-            message = json.loads(await ws.recv())
+            message = await _next(ws)
             got.append((message["type"], message["seq"]))
             if _ends(message) or (stop_after_metrics and message["type"] == "metrics"):
                 return got
@@ -42,9 +48,9 @@ async def _socket(url: str, headers: dict[str, str], stop_after_metrics: bool = 
 
 async def _project(url: str, headers: dict[str, str], job_id: str) -> list[int]:
     seqs: list[int] = []
-    async with connect(url, additional_headers=headers) as ws, asyncio.timeout(TIMEOUT):
+    async with connect(url, additional_headers=headers) as ws:
         while True:
-            message = json.loads(await ws.recv())
+            message = await _next(ws)
             if message["job"] != job_id or message["data"].get("snapshot"):
                 continue
             seqs.append(message["seq"])
