@@ -82,13 +82,15 @@ def sshd_missing_reason() -> str | None:
 
 @contextmanager
 def sshd_server(
-    workdir: Path, authorized_key: str, timeout: float = 15.0
+    workdir: Path, authorized_key: str, timeout: float = 15.0, env: dict[str, str] | None = None
 ) -> Iterator[tuple[int, str]]:
     """A real OpenSSH server on 127.0.0.1 that accepts only ``authorized_key`` (any user the
     process may become: root in tests); yields (port, host key line 'ssh-ed25519 AAAA...').
 
     Everything it needs (throwaway host key, config, authorized_keys, pid file, log) lives in
     ``workdir``; ``StrictModes no`` because pytest's temporary directories are not root-only.
+    ``env`` is set in every session (sshd's ``SetEnv``): a login's environment is sshd's own,
+    not the caller's.
     Raises RuntimeError (``sshd_missing_reason()``) without an sshd: callers that can do
     without it check that first.
     """
@@ -108,6 +110,7 @@ def sshd_server(
         "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
         "Subsystem sftp internal-sftp\n"
+        + "".join(f"SetEnv {name}={value}\n" for name, value in (env or {}).items())
     )
     # sshd refuses to start without its privilege-separation directory (made by the init script).
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)

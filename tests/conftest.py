@@ -68,6 +68,11 @@ PROCESS_FIXTURES = frozenset(
         "live_server",  # pytest-django's threaded server (transactional, HTTP)
     }
 )
+# The two cores are shared by the xdist workers and every process they start (control workers,
+# nodes, executors, also over the loopback sshd): one OpenMP thread each. Torch's default, a
+# thread per core, oversubscribes them, and OpenMP's spinning threads then made the same
+# training 3-7x slower in the parallel run than alone (issue 28). Set before anything starts.
+ONE_TORCH_THREAD = {"OMP_NUM_THREADS": "1"}
 _TIERS = ("e2e", "process", "db", "unit")  # also the order modules are handed out in
 
 
@@ -121,9 +126,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In the controller of a parallel run (``-n``): check that each worker can have a Redis
-    database of its own, and have the workers load tests/support/processes.py as a plugin, which gives
-    them their own services before the settings are read."""
+    """One torch thread for this process and all it starts (``ONE_TORCH_THREAD``). In the
+    controller of a parallel run (``-n``): check that each worker can have a Redis database of
+    its own, and have the workers load tests/support/processes.py as a plugin, which gives them
+    their own services before the settings are read."""
+    for name, value in ONE_TORCH_THREAD.items():
+        os.environ.setdefault(name, value)
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         check_parallel_redis(os.environ, config.option.numprocesses)
         plugins = [p for p in os.environ.get("PYTEST_PLUGINS", "").split(",") if p]
@@ -231,7 +239,8 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     public = key.public_key().public_bytes(ser.Encoding.OpenSSH, ser.PublicFormat.OpenSSH)
     public_line = public.decode() + " trainhub-test"
     workdir = tmp_path_factory.mktemp("sshd")
-    with sshd_server(workdir, public_line) as (port, host_key):
+    # The executors it runs share the two cores with the rest of the suite: one torch thread.
+    with sshd_server(workdir, public_line, env=ONE_TORCH_THREAD) as (port, host_key):
         yield SshServer(
             "127.0.0.1", port, "root", private, public_line, host_key, workdir / "authorized_keys"
         )
@@ -300,6 +309,12 @@ def user(make_user):
 
 
 @pytest.fixture
+def bob(make_user):
+    """Another user: what is alice's must be a 404 to him."""
+    return make_user("bob")
+
+
+@pytest.fixture
 def project(user):
     from jobs.services.accounts.projects import project_default_for_user
 
@@ -323,6 +338,12 @@ def make_client(db) -> Callable[..., APIClient]:
 @pytest.fixture
 def api(make_client, user, project) -> APIClient:
     return make_client(user)
+
+
+@pytest.fixture
+def other_client(make_client, bob) -> APIClient:
+    """bob's API client, next to alice's ``api``."""
+    return make_client(bob)
 
 
 @pytest.fixture

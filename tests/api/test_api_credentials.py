@@ -22,11 +22,6 @@ SECRET = "rk_secret"
 GOOD = {"provider": "runpod", "name": "main", "secrets": {"api_key": SECRET}}
 
 
-@pytest.fixture
-def other_client(make_user, make_client):
-    return make_client(make_user("bob"))
-
-
 def test_create_never_returns_the_secret(api, project) -> None:
     response = api.post(URL, GOOD, format="json")
 

@@ -34,11 +34,6 @@ def _stored_files() -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
 
 
-@pytest.fixture
-def other_client(make_user, make_client):
-    return make_client(make_user("bob"))
-
-
 def test_upload_good_file_then_validate(api, django_capture_on_commit_callbacks) -> None:
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = upload(api, GOOD, filename="chat.jsonl")

@@ -27,16 +27,6 @@ BROKEN = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"
 
 
 @pytest.fixture
-def bob(make_user):
-    return make_user("bob")
-
-
-@pytest.fixture
-def other_client(bob, make_client):
-    return make_client(bob)
-
-
-@pytest.fixture
 def processed_file(make_file):
     return make_file()
 

@@ -18,7 +18,8 @@ from tests.support.api import assert_error, assert_list, assert_unix_seconds
 from tests.support.db import fresh
 from tests.support.fleet import expire_lease
 
-pytestmark = pytest.mark.django_db
+# Every send_task is recorded (``sent``), never sent.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 NODES = "/api/v1/nodes/"
 JOBS = "/api/v1/jobs/"
 NODE_KEYS = {
@@ -30,11 +31,6 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "vram_mb": 81559}
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(sent) -> None:
-    """Every send_task is recorded, never sent."""
 
 
 @pytest.fixture

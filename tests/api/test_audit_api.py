@@ -16,7 +16,8 @@ from jobs.models import ApiKey, AuditEntry, JobAttempt, TrainingJob
 from jobs.services.accounts.projects import api_key_create
 from tests.support.api import assert_error, assert_list
 
-pytestmark = pytest.mark.django_db
+# Every send_task is recorded (``sent``), never sent.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 AUDIT = "/api/v1/audit/"
 JOBS = "/v1/fine_tuning/jobs/"
 SECRET = "rk_api_audit_secret_987654"
@@ -25,11 +26,6 @@ ENTRY_KEYS = {
     "id", "object", "created_at", "actor", "source", "api_key_prefix", "action", "object_type",
     "object_id", "object_repr", "project", "changes",
 }  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(sent) -> None:
-    """Every send_task is recorded, never sent."""
 
 
 def _client(user: Any) -> tuple[APIClient, ApiKey]:

@@ -280,7 +280,7 @@ def _end_message(job: TrainingJob, attempt: int) -> str:
 
 
 SPOT_HYPERPARAMETERS = {
-    "n_epochs": 10,  # 150 steps: time to be interrupted well before the end
+    "n_epochs": 6,  # 90 steps: time to be interrupted well before the end
     "batch_size": 4,
     "learning_rate": 0.002,
     "max_seq_length": 128,

@@ -109,6 +109,14 @@ def spec_dict(
     }
 
 
+@pytest.fixture(scope="session")
+def tok(tiny_model_dir: Path) -> Any:
+    """The tiny model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
 @pytest.fixture
 def run_executor(tmp_path: Path) -> Iterator[Callable[..., Outcome]]:
     """``run_executor(spec_or_dict, **run_kwargs) -> Outcome``: the real train.run with a

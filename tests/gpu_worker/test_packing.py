@@ -30,13 +30,6 @@ def _example(start: int, n: int, prompt: int = 0) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def model(tiny_model_dir: Path) -> Any:
     from transformers import AutoModelForCausalLM
 

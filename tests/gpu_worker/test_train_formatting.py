@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +14,6 @@ from gpu_worker.formatting import (
     encode_examples,
     has_generation_markers,
 )
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def _trained_text(tok: Any, example: dict[str, list[int]]) -> str:

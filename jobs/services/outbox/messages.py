@@ -40,9 +40,9 @@ def send_place_job(job_pk: int) -> None:
     _send(cc.PLACE_JOB, job_pk)
 
 
-def send_dispatch() -> None:
+def send_dispatch(countdown: float = 0) -> None:
     """Look for queued own-fleet jobs and idle nodes that fit them."""
-    _send(cc.DISPATCH)
+    _send(cc.DISPATCH, countdown=countdown)
 
 
 def send_provision_attempt(attempt_pk: int, try_number: int, countdown: float = 0) -> None:

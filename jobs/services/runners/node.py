@@ -31,6 +31,9 @@ from providers.registry import OWN_FLEET_TARGET
 
 log = logging.getLogger(__name__)
 N = GpuNode.Status
+# A free node whose row another transaction held (its heartbeat, another dispatcher) is looked
+# at again this soon, not at the next fleet tick: nothing else would ring for it.
+CONTENDED_RETRY_SECONDS = 1.0
 
 
 class NodeRunner:
@@ -77,14 +80,14 @@ NODES = NodeRunner()
 
 def _place_on_node(job: TrainingJob, node: GpuNode) -> JobAttempt | None:
     """Start an attempt of ``job`` on ``node`` if both are still free."""
+    free = GpuNode.objects.filter(pk=node.pk, status=N.IDLE, current_attempt__isnull=True)
     try:
         with transaction.atomic():
-            locked = (
-                GpuNode.objects.select_for_update(skip_locked=True)
-                .filter(pk=node.pk, status=N.IDLE, current_attempt__isnull=True)
-                .first()
-            )
+            locked = free.select_for_update(skip_locked=True).first()
             if locked is None:
+                if free.exists():  # free, but its row was held: skipped, not taken
+                    messages.send_dispatch(countdown=CONTENDED_RETRY_SECONDS)
+                    node.status = N.BUSY  # not offered again in this dispatcher pass
                 return None
             attempt = attempt_start(job=job, target=OWN_FLEET_TARGET, node_name=node.name)
             GpuNode.objects.filter(pk=node.pk).update(current_attempt=attempt, status=N.BUSY)

@@ -32,7 +32,8 @@ from jobs.services.core import jobs as job_services
 from jobs.services.fleet import nodes
 from jobs.services.outbound import webhook_endpoints
 
-pytestmark = pytest.mark.django_db
+# Every send_task is recorded (``sent``), never sent.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
 SECRET = "rk_audit_secret_value_1234"
 PUBLIC_URL = "https://93.184.215.14/hooks/T000/B000/XXXXsecretpath?token=abc123"
 ALICE_ADMIN = Actor("admin", "ops-alice")
@@ -46,11 +47,6 @@ def one(action: str) -> AuditEntry:
     found = entries(action=action)
     assert len(found) == 1, [(e.action, e.object_id) for e in entries()]
     return found[0]
-
-
-@pytest.fixture(autouse=True)
-def _no_broker(sent) -> None:
-    """Every send_task is recorded, never sent."""
 
 
 # --- the actor --------------------------------------------------------------------------------

@@ -8,12 +8,14 @@ fleet fixtures are in conftest.py, the helpers in _fleet.py."""
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.core import signing
+from django.db import connections, transaction
 from django.utils import timezone
 
 from jobs import storage
@@ -26,6 +28,7 @@ from jobs.services.core.attempts import (
 )
 from jobs.services.core.jobs import job_cancel
 from jobs.services.fleet import nodes
+from jobs.services.runners import node as runners_node
 from jobs.services.runners.node import attempts_resend_unclaimed
 from jobs.services.scheduling import dispatch
 from jobs.states import JobStatus
@@ -246,6 +249,41 @@ def test_a_waiting_job_is_placed_when_a_node_turns_idle_and_its_reason_cleared(
     job.refresh_from_db()
     assert (job.status, job.waiting_reason) == (S.PROVISIONING, "")
     assert attempt_of(job).node_name == "gpu-a"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_node_whose_row_is_held_meanwhile_is_looked_at_again_in_a_second(
+    make_job, dispatch_now, sent
+) -> None:
+    """A heartbeat (or another dispatcher) holding the idle node's row makes the pass skip it;
+    nothing else would ring for that node, so the dispatcher asks for another pass, once."""
+    node, _ = online_node("gpu-a")
+    jobs = [make_job(), make_job()]
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:  # another connection, as the node's heartbeat request is
+        try:
+            with transaction.atomic():
+                GpuNode.objects.select_for_update().get(pk=node.pk)
+                held.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    assert held.wait(10)
+    try:
+        sent.clear()
+        assert dispatch_now() == 0
+    finally:
+        release.set()
+        holder.join(10)
+
+    assert [fresh(job).status for job in jobs] == [S.QUEUED, S.QUEUED]
+    assert sent.countdowns(cc.DISPATCH) == [runners_node.CONTENDED_RETRY_SECONDS]
+    assert dispatch_now() == 1, "the next pass finds the node free"
+    assert attempt_of(jobs[0]).node_name == "gpu-a"
 
 
 # --- the run_attempt message and the spec the claim answers --------------------------------
