@@ -18,7 +18,14 @@ from jobs.models import (
     TrainingJob,
 )
 from jobs.models.ids import checkpoint_id
-from jobs.result_files import ADAPTER, PURPOSE, ResultFile, adapter_of, result_file_ids
+from jobs.result_files import (
+    ADAPTER,
+    PURPOSE,
+    ResultFile,
+    adapter_of,
+    result_file_ids,
+    validation_metrics,
+)
 from jobs.services.core.job_request import BASE_LEARNING_RATE
 from jobs.states import JobStatus, WaitCode
 
@@ -184,19 +191,34 @@ def event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
 
 def openai_event_json(e: JobEvent, job_public_id: str) -> dict[str, Any]:
     """An event as OpenAI's clients read it: ``type`` is ``metrics`` (data: step, train_loss,
-    valid_loss, learning_rate, total_steps, ...) or ``message``; trainhub's own kind (status,
+    train_mean_token_accuracy, learning_rate, total_steps, ...; or a validation pass's
+    valid_loss, valid_mean_token_accuracy, full_valid_*) or ``message``; trainhub's own kind (status,
     log, checkpoint, artifact, error, metrics, notification) stays readable as ``kind``. A
     notification (services/notifications) is a ``message`` whose data names the status event
     it is about, the status and, for a failure, the error."""
     out = event_json(e, job_public_id)
     data = e.data if isinstance(e.data, dict) else {}
     if e.type == "metrics":
-        out["data"] = {**data, "train_loss": data.get("loss"), "learning_rate": data.get("lr")}
-    elif e.type == "log" and "eval_loss" in data:  # a validation loss is a metric to OpenAI
-        out["data"] = {**data, "valid_loss": data["eval_loss"]}
+        out["data"] = {
+            **data,
+            "train_loss": data.get("loss"),
+            "train_mean_token_accuracy": data.get("mean_token_accuracy"),
+            "learning_rate": data.get("lr"),
+        }
+    elif e.type == "log" and (validation := validation_metrics(data)):  # a metric to OpenAI
+        out["data"] = {**data, **validation}
     else:
         return {**out, "type": "message", "kind": e.type}
     return {**out, "type": "metrics", "kind": e.type}
+
+
+# A checkpoint's validation figures, OpenAI's names (selectors.checkpoint_list merges them in).
+VALIDATION_METRICS = (
+    "valid_loss",
+    "valid_mean_token_accuracy",
+    "full_valid_loss",
+    "full_valid_mean_token_accuracy",
+)
 
 
 def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -213,6 +235,8 @@ def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> d
         "metrics": {
             "step": step,
             "train_loss": metrics.get("loss"),
+            "train_mean_token_accuracy": metrics.get("mean_token_accuracy"),
+            **{name: metrics.get(name) for name in VALIDATION_METRICS},
             "learning_rate": metrics.get("lr"),
             "epoch": metrics.get("epoch"),
         },

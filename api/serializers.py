@@ -153,6 +153,9 @@ class Hyperparameters(Body):
     warmup_ratio = s.FloatField()
     gradient_checkpointing = s.BooleanField()
     packing = s.BooleanField(required=False, help_text="absent on jobs created before it existed")
+    eval_interval = s.IntegerField(
+        required=False, help_text="0: auto; absent on jobs created before it existed"
+    )
 
 
 class SupervisedIn(Body):
@@ -310,8 +313,16 @@ EventList = page_of(Event, "EventList")
 
 
 class CheckpointMetrics(Body):
+    """OpenAI's checkpoint metrics (validation ones null without a validation file; the
+    full_valid ones only on a checkpoint of the last step), then trainhub's own."""
+
     step = s.IntegerField(allow_null=True)
     train_loss = s.FloatField(allow_null=True)
+    train_mean_token_accuracy = s.FloatField(allow_null=True)
+    valid_loss = s.FloatField(allow_null=True)
+    valid_mean_token_accuracy = s.FloatField(allow_null=True)
+    full_valid_loss = s.FloatField(allow_null=True)
+    full_valid_mean_token_accuracy = s.FloatField(allow_null=True)
     learning_rate = s.FloatField(allow_null=True)
     epoch = s.FloatField(allow_null=True)
 

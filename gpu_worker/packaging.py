@@ -33,6 +33,10 @@ def final_metrics(
     state = trainer.state
     history = [(e["step"], float(e["loss"])) for e in state.log_history if "loss" in e]
     evals = [(e["step"], float(e["eval_loss"])) for e in state.log_history if "eval_loss" in e]
+
+    def last(name: str) -> float | None:  # the newest logged value of a metric
+        return next((to_float(e[name]) for e in reversed(state.log_history) if name in e), None)
+
     out = dict(train_output.metrics) if train_output is not None else {}
     runtime = to_float(out.get("train_runtime"))
     counts = callback.counter.total
@@ -54,6 +58,9 @@ def final_metrics(
         "first_loss": history[0][1] if history else None,
         "last_loss": history[-1][1] if history else None,
         "eval_loss": evals[-1][1] if evals else None,
+        # OpenAI's names (token_accuracy): the last training step's, the last sample pass's.
+        "train_mean_token_accuracy": last("mean_token_accuracy"),
+        "valid_mean_token_accuracy": last("eval_mean_token_accuracy"),
         "loss_history": [{"step": s, "loss": v} for s, v in history],
         # What each count means: gpu_worker.token_counts. Rates cover this attempt only.
         "trained_tokens": counts.tokens,

@@ -55,7 +55,13 @@ from gpu_worker.formatting import (
     encode_examples,
 )
 from gpu_worker.packaging import final_metrics, package_adapter
-from gpu_worker.trainer import StopGuard, StopProbe, build_trainer, train_with_oom_hint
+from gpu_worker.trainer import (
+    StopGuard,
+    StopProbe,
+    build_trainer,
+    evaluate_whole,
+    train_with_oom_hint,
+)
 from trainhub_contract.bundle import BundleError
 from trainhub_contract.datasets import DatasetError, detect_format, iter_examples
 from trainhub_contract.outcomes import ExitCode, Outcome, StopMode
@@ -283,8 +289,10 @@ def _run(
     step = trainer.state.global_step
     if callback.stop_reason is not None:
         stop.raise_if_stopped("during training", step=step)
+    full_valid = evaluate_whole(trainer, eval_examples)
 
     metrics = final_metrics(spec, backend, trainer, train_output, stats, callback, resume_step)
+    metrics.update(full_valid)
     if metrics["first_loss"] is not None:
         reporter.log(
             f"Trained {step} steps: loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +23,7 @@ from gpu_worker.errors import (
     Preempted,
 )
 from gpu_worker.packing import choose_batching
+from gpu_worker.token_accuracy import accuracy_trainer
 from gpu_worker.token_counts import TokenCounts, counting_trainer, make_token_counter
 from trainhub_contract.outcomes import StopMode
 
@@ -30,6 +32,11 @@ if TYPE_CHECKING:
     from trainhub_contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
+# The periodic validation pass (valid_loss, as OpenAI reports it) runs on a fixed sample of the
+# validation file, the same examples each time so the points compare; every tenth of the run
+# unless the job sets eval_interval. The whole file is evaluated once, at the end.
+VALID_SAMPLE_EXAMPLES = 64
+AUTO_EVAL_FRACTION = 0.1
 
 
 # What the executor polls for a stop: falsy to go on; truthy to stop; StopMode.PAUSE to stop
@@ -139,6 +146,7 @@ def make_callback(
                     total_steps=state.max_steps,
                     epoch=round(float(state.epoch or 0.0), 4),
                     loss=float(logs["loss"]),
+                    mean_token_accuracy=to_float(logs.get("mean_token_accuracy")),
                     lr=float(logs.get("learning_rate", 0.0)),
                     grad_norm=to_float(logs.get("grad_norm")),
                     tokens_per_second=rate(done.tokens, seconds) or 0.0,
@@ -149,9 +157,24 @@ def make_callback(
                 )
             if "eval_loss" in logs:
                 reporter.log(
-                    f"Validation loss {logs['eval_loss']:.4f} at step {state.global_step}.",
+                    f"Validation loss {logs['eval_loss']:.4f} at step {state.global_step}"
+                    + _accuracy_note(logs.get("eval_mean_token_accuracy"))
+                    + " (a sample of the validation file).",
                     step=state.global_step,
                     eval_loss=float(logs["eval_loss"]),
+                    eval_mean_token_accuracy=to_float(logs.get("eval_mean_token_accuracy")),
+                )
+            if "full_valid_loss" in logs:
+                reporter.log(
+                    f"Validation loss {logs['full_valid_loss']:.4f} over the whole validation "
+                    f"file after step {state.global_step}"
+                    + _accuracy_note(logs.get("full_valid_mean_token_accuracy"))
+                    + ".",
+                    step=state.global_step,
+                    full_valid_loss=float(logs["full_valid_loss"]),
+                    full_valid_mean_token_accuracy=to_float(
+                        logs.get("full_valid_mean_token_accuracy")
+                    ),
                 )
 
         def _check_stop(self, control: TrainerControl, state: TrainerState) -> str | None:
@@ -219,6 +242,20 @@ def make_callback(
     return ExecutorCallback()
 
 
+def _accuracy_note(accuracy: object) -> str:
+    value = to_float(accuracy)
+    return f", token accuracy {value:.1%}" if value is not None else ""
+
+
+def validation_sample(examples: list[Any], seed: int) -> list[Any]:
+    """At most VALID_SAMPLE_EXAMPLES of ``examples``, drawn once with the job's seed."""
+    if len(examples) <= VALID_SAMPLE_EXAMPLES:
+        return examples
+    draw = random.Random(seed)  # noqa: S311 - a reproducible sample, not a secret
+    picked = sorted(draw.sample(range(len(examples)), VALID_SAMPLE_EXAMPLES))
+    return [examples[i] for i in picked]
+
+
 def rate(tokens: int, seconds: float | None) -> float | None:
     return round(tokens / seconds, 1) if seconds and seconds > 0 else None
 
@@ -265,7 +302,8 @@ def build_trainer(
         warmup_steps=hp.warmup_ratio,  # transformers 5: a float < 1 is a ratio of the total steps
         logging_steps=1,
         save_strategy="no",  # checkpoints are ours (ExecutorCallback -> _Checkpointer)
-        eval_strategy="epoch" if eval_examples else "no",
+        eval_strategy="steps" if eval_examples else "no",
+        eval_steps=hp.eval_interval or AUTO_EVAL_FRACTION,  # a float < 1: a share of the run
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         seed=spec.seed,
@@ -283,11 +321,11 @@ def build_trainer(
     counter = make_token_counter()
     callback = make_callback(reporter, stop, checkpointer, counter)
     callback.batching = batching.mode
-    trainer = counting_trainer(Trainer, counter)(
+    trainer = counting_trainer(accuracy_trainer(Trainer), counter)(
         model=model,
         args=args,
         train_dataset=train_examples,  # a list is a map-style dataset
-        eval_dataset=eval_examples,
+        eval_dataset=validation_sample(eval_examples, spec.seed) if eval_examples else None,
         data_collator=batching.collator,
         callbacks=[counter, callback, *extra_callbacks],
     )
@@ -295,6 +333,18 @@ def build_trainer(
     # reporter instead (stdout stays clean for the CLI's JSON summary).
     trainer.remove_callback(PrinterCallback)
     return trainer, callback
+
+
+def evaluate_whole(trainer: Any, eval_examples: list[Any] | None) -> dict[str, float | None]:
+    """The trained adapter on the whole validation file (the callback reports it):
+    ``full_valid_loss`` and ``full_valid_mean_token_accuracy``; nothing without one."""
+    if not eval_examples:
+        return {}
+    found = trainer.evaluate(eval_dataset=eval_examples, metric_key_prefix="full_valid")
+    return {
+        name: to_float(found.get(name))
+        for name in ("full_valid_loss", "full_valid_mean_token_accuracy")
+    }
 
 
 def train_with_oom_hint(trainer: Any, spec: JobSpec, resume_dir: Path | None) -> Any:

@@ -22,11 +22,18 @@ from jobs.states import JobStatus
 METRICS, ADAPTER = "metrics", "adapter"
 _PREFIXES = {METRICS: "file-metrics-", ADAPTER: "file-adapter-"}
 PURPOSE = "fine-tune-results"
-# step and OpenAI's names first (what its result CSV holds), then what trainhub measures too.
+# step and OpenAI's names first (what its result CSV holds: train_accuracy is the training token
+# accuracy, which its checkpoints call train_mean_token_accuracy; both are here), then what
+# trainhub measures too.
 CSV_COLUMNS = (
     "step",
     "train_loss",
+    "train_accuracy",
     "valid_loss",
+    "valid_mean_token_accuracy",
+    "train_mean_token_accuracy",
+    "full_valid_loss",
+    "full_valid_mean_token_accuracy",
     "learning_rate",
     "grad_norm",
     "epoch",
@@ -83,7 +90,7 @@ def adapter_of(job: TrainingJob) -> Artifact | None:
 
 
 def _metrics_rows(job: TrainingJob) -> Iterator[dict[str, object]]:
-    """One row per metrics event, and a row per validation loss (logged at its step)."""
+    """One row per metrics event, and a row per validation pass (logged at its step)."""
     events = JobEvent.objects.filter(job=job, type__in=("metrics", "log")).order_by("number")
     for event in events.iterator(chunk_size=1000):
         data = event.data if isinstance(event.data, dict) else {}
@@ -91,12 +98,27 @@ def _metrics_rows(job: TrainingJob) -> Iterator[dict[str, object]]:
             yield {
                 "step": data.get("step"),
                 "train_loss": data.get("loss"),
+                "train_accuracy": data.get("mean_token_accuracy"),
+                "train_mean_token_accuracy": data.get("mean_token_accuracy"),
                 "learning_rate": data.get("lr"),
                 **{k: data.get(k) for k in ("grad_norm", "epoch", "tokens_per_second")},
                 "trained_tokens": data.get("trained_tokens"),
             }
-        elif "eval_loss" in data:
-            yield {"step": data.get("step"), "valid_loss": data.get("eval_loss")}
+        elif validation := validation_metrics(data):
+            yield {"step": data.get("step"), **validation}
+
+
+def validation_metrics(data: dict[str, object]) -> dict[str, object]:
+    """A validation event's figures under OpenAI's names (the executor logs a sample pass as
+    ``eval_*`` and the whole file as ``full_valid_*``); empty for any other event."""
+    if "eval_loss" in data:
+        return {
+            "valid_loss": data.get("eval_loss"),
+            "valid_mean_token_accuracy": data.get("eval_mean_token_accuracy"),
+        }
+    if "full_valid_loss" in data:
+        return {k: data.get(k) for k in ("full_valid_loss", "full_valid_mean_token_accuracy")}
+    return {}
 
 
 def metrics_csv(job: TrainingJob) -> bytes:

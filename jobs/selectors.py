@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 
 from jobs import result_files
@@ -193,23 +193,34 @@ def checkpoint_list(
 
 
 def _metrics_before(checkpoint: JobEvent) -> dict[str, Any]:
-    """The attempt's metrics at the checkpoint's step, else the last before it. Matched by step,
+    """The attempt's metrics at the checkpoint's step, else the last before it, with its newest
+    validation figures up to that step under OpenAI's names (result_files). Matched by step,
     not by event order: the executor sends a checkpoint event at once but merges metrics for up
-    to a second, so the metrics of the checkpoint's own step are usually stored after it."""
+    to a second, so the metrics of the checkpoint's own step are usually stored after it (and
+    the whole file's validation comes after the last step's checkpoint)."""
     step = checkpoint.data.get("step") if isinstance(checkpoint.data, dict) else None
     if not isinstance(step, int):
         return {}
-    rows = (
-        JobEvent.objects.filter(
-            job_id=checkpoint.job_id, attempt=checkpoint.attempt, type="metrics"
-        )
-        .order_by("-number")
-        .values_list("data", flat=True)
+    events = JobEvent.objects.filter(job_id=checkpoint.job_id, attempt=checkpoint.attempt)
+    metrics = _newest_at_or_before(events.filter(type="metrics"), step)
+    validations = events.filter(type="log").filter(
+        Q(data__has_key="eval_loss") | Q(data__has_key="full_valid_loss")
     )
+    sample = _newest_at_or_before(validations.filter(data__has_key="eval_loss"), step)
+    whole = _newest_at_or_before(validations.filter(data__has_key="full_valid_loss"), step)
+    return {
+        **(metrics or {}),
+        **result_files.validation_metrics(sample or {}),
+        **result_files.validation_metrics(whole or {}),
+    }
+
+
+def _newest_at_or_before(events: QuerySet[JobEvent], step: int) -> dict[str, Any] | None:
+    rows = events.order_by("-number").values_list("data", flat=True)
     for data in rows.iterator(chunk_size=200):  # newest first: the match is near the top
         if isinstance(data, dict) and isinstance(data.get("step"), int) and data["step"] <= step:
             return data
-    return {}
+    return None
 
 
 def file_get(*, project: Project, file_id: str) -> TrainingFile:

@@ -70,6 +70,8 @@ class View:
     step: int | None = None
     total: int | None = None
     losses: list[float] = field(default_factory=list)
+    valid_losses: list[float] = field(default_factory=list)  # the validation passes' losses
+    accuracy: float | None = None  # the last step's mean token accuracy
     logs: deque[Text] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     first: tuple[float, int] | None = None  # (Unix time, step) of the first metrics seen
     rate: float | None = None  # steps per second
@@ -120,9 +122,15 @@ class View:
                 self.total = total
             if isinstance(loss, int | float):
                 self.losses.append(float(loss))
+            accuracy = data.get("mean_token_accuracy")
+            if isinstance(accuracy, int | float) and not isinstance(accuracy, bool):
+                self.accuracy = float(accuracy)
             self._throughput(data)
             return None
         if kind == "log":
+            valid = data.get("eval_loss")
+            if isinstance(valid, int | float) and not isinstance(valid, bool):
+                self.valid_losses.append(float(valid))
             self.logs.append(Text(message))
             return None
         if not message:
@@ -144,6 +152,10 @@ class View:
             parts.append(f"step {self.step}/{self.total or '?'}")
         if self.losses:
             parts.append(f"loss {self.losses[-1]:.4f}")
+        if self.valid_losses:
+            parts.append(f"valid {self.valid_losses[-1]:.4f}")
+        if self.accuracy is not None:
+            parts.append(f"token accuracy {self.accuracy:.0%}")
         if self.useful_rate is not None:
             parts.append(f"{self.useful_rate:,.0f} useful tok/s")
         if self.padding is not None:
@@ -164,7 +176,9 @@ class View:
             bar = Text("█" * done, style="cyan").append("░" * (width - done), style="dim")
             lines.append(Text.assemble(bar, "  ", self.progress_line()))
         if self.losses:
-            lines.append(Text.assemble(("loss ", "dim"), (sparkline(self.losses), "magenta")))
+            lines.append(Text.assemble(("loss  ", "dim"), (sparkline(self.losses), "magenta")))
+        if self.valid_losses:
+            lines.append(Text.assemble(("valid ", "dim"), (sparkline(self.valid_losses), "cyan")))
         lines.extend(self.logs)
         return Group(*lines)
 

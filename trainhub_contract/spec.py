@@ -128,6 +128,7 @@ class Hyperparameters:
     warmup_ratio: float = 0.03
     gradient_checkpointing: bool = True
     packing: bool = True
+    eval_interval: int = 0  # 0: auto, a tenth of the run (spec_schema's description)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in HYPERPARAMETERS_SCHEMA["properties"]}

@@ -88,6 +88,16 @@ HYPERPARAMETERS_SCHEMA: dict[str, Any] = {
             "ids restart per example and attention stays inside each (gpu_worker.packing); "
             "false pads each batch to its longest example",
         },
+        "eval_interval": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000000,
+            "default": 0,
+            "description": "with a validation file: the steps between two validation passes "
+            "(valid_loss, valid_mean_token_accuracy) on a sample of at most 64 of its "
+            "examples; 0 (auto) evaluates every tenth of the run. The whole file is "
+            "evaluated once at the end (full_valid_loss, full_valid_mean_token_accuracy)",
+        },
     },
 }
 

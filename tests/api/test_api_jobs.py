@@ -132,6 +132,8 @@ def test_create_before_validation_of_a_broken_file_fails_the_job(api, make_file)
         ({"hyperparameters": {"n_epochs": True}}, "hyperparameters.n_epochs", None),
         ({"hyperparameters": {"batch_size": 2, "dropout": 0.1}}, "hyperparameters.dropout", None),
         ({"hyperparameters": {"packing": "yes"}}, "hyperparameters.packing", None),
+        ({"hyperparameters": {"eval_interval": -1}}, "hyperparameters.eval_interval", None),
+        ({"hyperparameters": {"eval_interval": 2.5}}, "hyperparameters.eval_interval", None),
         ({"colour": "blue"}, "colour", None),
         ({"training_file": None}, "training_file", "invalid_type"),
         ({"training_file": "file-nope"}, "training_file", "file_not_found"),

@@ -5,7 +5,9 @@ the whole run on a real node is tests/e2e/test_openai_sdk.py."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 
 import openai
 import pytest
@@ -178,6 +180,70 @@ def test_events_checkpoints_and_cancel(client, demo_dataset) -> None:
     with pytest.raises(openai.ConflictError) as caught:
         client.fine_tuning.jobs.cancel(job_id)
     assert caught.value.code == "job_not_cancellable"
+
+
+def test_openai_metric_names_in_events_checkpoints_and_the_result_csv(client, demo_dataset) -> None:
+    """What an executor with a validation file reports (gpu_worker.token_accuracy) reads as
+    OpenAI names it: in the events, the checkpoint's metrics and the result CSV's columns."""
+    job_id = client.fine_tuning.jobs.create(
+        model="acme/tiny-llama", training_file=_upload(client, demo_dataset)
+    ).id
+    row = TrainingJob.objects.get(public_id=job_id)
+    events_store(
+        job=row,
+        attempt=1,
+        events=[
+            {"seq": 0, "type": "metrics", "level": "info", "message": "",
+             "data": {"step": 5, "loss": 2.5, "mean_token_accuracy": 0.4, "lr": 1e-4}},
+            {"seq": 1, "type": "log", "level": "info", "message": "Validation loss 2.2000",
+             "data": {"step": 5, "eval_loss": 2.2, "eval_mean_token_accuracy": 0.45}},
+            {"seq": 2, "type": "checkpoint", "level": "info", "message": "Checkpoint saved.",
+             "data": {"step": 10, "size": 12, "sha256": "1" * 64}},
+            {"seq": 3, "type": "metrics", "level": "info", "message": "",
+             "data": {"step": 10, "loss": 2.0, "mean_token_accuracy": 0.5, "lr": 1e-4}},
+            {"seq": 4, "type": "log", "level": "info", "message": "Validation loss 1.9000",
+             "data": {"step": 10, "full_valid_loss": 1.9, "full_valid_mean_token_accuracy": 0.55}},
+        ],
+    )  # fmt: skip
+
+    events = [e for e in client.fine_tuning.jobs.list_events(job_id, limit=100)]
+    metrics = [e.data for e in events if e.type == "metrics"]
+    assert {"step": 5, "train_loss": 2.5, "train_mean_token_accuracy": 0.4}.items() <= next(
+        m for m in metrics if m.get("train_loss") == 2.5
+    ).items()
+    assert any(m.get("valid_mean_token_accuracy") == 0.45 for m in metrics)
+    assert any(m.get("full_valid_loss") == 1.9 for m in metrics)
+
+    (checkpoint,) = client.fine_tuning.jobs.checkpoints.list(job_id)
+    assert (
+        checkpoint.metrics.model_dump(exclude_none=True).items()
+        >= {
+            "step": 10,
+            "train_loss": 2.0,
+            "train_mean_token_accuracy": 0.5,
+            "valid_loss": 2.2,
+            "valid_mean_token_accuracy": 0.45,
+            "full_valid_loss": 1.9,
+            "full_valid_mean_token_accuracy": 0.55,
+        }.items()
+    )
+
+    TrainingJob.objects.filter(pk=row.pk).update(status="succeeded")  # its CSV is a result now
+    (metrics_file,) = [
+        f for f in client.fine_tuning.jobs.retrieve(job_id).result_files if "metrics" in f
+    ]
+    rows = list(csv.DictReader(io.StringIO(client.files.content(metrics_file).read().decode())))
+    assert {"step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy",
+            "train_mean_token_accuracy", "full_valid_loss", "full_valid_mean_token_accuracy"
+            } <= set(rows[0])  # fmt: skip
+    by_step = [(r["step"], r["train_loss"], r["train_accuracy"], r["valid_loss"],
+                r["valid_mean_token_accuracy"], r["full_valid_loss"]) for r in rows]  # fmt: skip
+    assert by_step == [
+        ("5", "2.5", "0.4", "", "", ""),
+        ("5", "", "", "2.2", "0.45", ""),
+        ("10", "2.0", "0.5", "", "", ""),
+        ("10", "", "", "", "", "1.9"),
+    ]
 
 
 def test_pause_and_resume_refuse_a_job_that_is_not_running(client, demo_dataset) -> None:

@@ -29,6 +29,21 @@ def test_the_live_view_shows_status_progress_eta_loss_and_the_last_logs() -> Non
     assert "line 7" in text and "line 1" not in text  # the last few log lines only
 
 
+def test_the_live_view_shows_the_validation_curve_beside_the_training_one() -> None:
+    view = View("ftjob-v", status="running")
+    for step, loss in enumerate([3.0, 2.0, 1.5, 1.0], start=1):
+        view.apply("metrics", {"data": {"step": step, "total_steps": 4, "loss": loss,
+                                        "mean_token_accuracy": 0.2 * step}})  # fmt: skip
+        if step % 2 == 0:
+            view.apply("log", {"message": "Validation loss", "data": {"step": step,
+                                                                     "eval_loss": 4.0 - step}})  # fmt: skip
+    screen = io.StringIO()
+    Console(file=screen, width=100, force_terminal=True, color_system=None).print(view.render())
+    text = screen.getvalue()
+    assert "loss 1.0000" in text and "valid 0.0000" in text and "token accuracy 80%" in text
+    assert sparkline([3.0, 2.0, 1.5, 1.0]) in text and sparkline([2.0, 0.0]) in text
+
+
 def test_sparkline_and_stream_helpers() -> None:
     assert sparkline([1.0, 2.0, 3.0]) == "▁▄█"
     assert sparkline([2.0, 2.0]) == "▄▄" and sparkline([]) == ""

@@ -108,6 +108,12 @@ def _file_ref(state: State, value: str, option: str) -> str:
     default=None,
     help="hyperparameters.packing: train without padding (on unless told).",
 )
+@click.option(
+    "--eval-interval",
+    type=int,
+    metavar="STEPS",
+    help="hyperparameters.eval_interval: steps between validation passes (0: a tenth of the run).",
+)
 @click.option("--target", help="local, auto, or a provider (`trainhub providers list`).")
 @click.option("--gpu-count", type=int, help="gpu.count: GPUs per machine.")
 @click.option(
@@ -163,7 +169,7 @@ def create(**opts: Any) -> None:
         )
     hyper = {k: opts[k] for k in ("n_epochs", "learning_rate", "batch_size", "max_seq_length",
                                   "gradient_accumulation_steps", "warmup_ratio",
-                                  "gradient_checkpointing", "packing")}  # fmt: skip
+                                  "gradient_checkpointing", "packing", "eval_interval")}  # fmt: skip
     gpu = {
         "count": opts["gpu_count"],
         "min_vram_gb": opts["gpu_min_vram"],

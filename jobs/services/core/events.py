@@ -30,9 +30,11 @@ MAX_EVENTS_PER_ATTEMPT = 50_000
 MAX_DECISIVE_PER_BATCH = 20
 _DECISIVE = frozenset({"status", "error"})
 # The job's latest metrics. tokens_per_second: non-padding input tokens; useful_*: tokens that
-# carry loss; padding_share: padding's part of the positions computed (gpu_worker.token_counts).
-METRIC_KEYS = ("step", "total_steps", "epoch", "loss", "lr", "tokens_per_second", "grad_norm",
-               "useful_tokens_per_second", "useful_tokens", "padding_share")  # fmt: skip
+# carry loss; padding_share: padding's part of the positions computed (gpu_worker.token_counts);
+# mean_token_accuracy: the step's next-token hits among its trained tokens (token_accuracy).
+METRIC_KEYS = ("step", "total_steps", "epoch", "loss", "mean_token_accuracy", "lr",
+               "tokens_per_second", "grad_norm", "useful_tokens_per_second", "useful_tokens",
+               "padding_share")  # fmt: skip
 
 
 def _reserve_numbers(job_id: int, count: int) -> int:

@@ -91,7 +91,7 @@ def attempt_spec(
 # Hyperparameters added to the spec later than others, with the value an executor that does
 # not know them uses: left out at that value, so a node still running an older executor (which
 # refuses fields it does not know) takes the job as before.
-_NEWER_WITH_DEFAULT = {"packing": True}
+_NEWER_WITH_DEFAULT: dict[str, object] = {"packing": True, "eval_interval": 0}
 
 
 def _executor_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ BROKEN = (
 )
 TINY_JOB = ("--adapter", "lora", "-r", "8", "--alpha", "16", "--dropout", "0", "--epochs", "1",
             "--batch-size", "4", "--lr", "0.002", "--max-seq-length", "128", "--warmup-ratio", "0",
-            "--no-gradient-checkpointing", "--target", "local")  # fmt: skip
+            "--no-gradient-checkpointing", "--eval-interval", "5", "--target", "local")  # fmt: skip
 
 
 class Watch:
@@ -94,6 +94,7 @@ def test_upload_create_watch_download_on_the_tiny_model(
     assert created.returncode == 0, created.stderr
     job = _json(created)
     assert job["adapter"]["r"] == 8 and job["hyperparameters"]["n_epochs"] == 1
+    assert job["hyperparameters"]["eval_interval"] == 5
     assert job["metadata"] == {"via": "cli"} and job["target"] == "local"
     again = trainhub(*create, env=env)
     assert _json(again)["id"] == job["id"]  # the same Idempotency-Key: the first job

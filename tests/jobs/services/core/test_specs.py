@@ -117,3 +117,20 @@ def test_packing_at_the_executors_default_is_left_out_of_the_spec(make_job, pack
     spec = specs.attempt_spec(next_attempt(job))
     assert ("packing" in spec["hyperparameters"]) is not packing
     assert parse_job_spec(spec).hyperparameters.packing is packing
+
+
+@pytest.mark.parametrize("interval", [0, 25])
+def test_eval_interval_at_the_executors_default_is_left_out_of_the_spec(
+    make_job, interval: int
+) -> None:
+    """Likewise ``eval_interval``: left out at 0 (auto), so an older executor, which knows no
+    such field (and evaluates each epoch), still takes the job."""
+    from trainhub_contract.spec import parse_job_spec
+
+    job = make_job()
+    TrainingJob.objects.filter(pk=job.pk).update(
+        hyperparameters={**job.hyperparameters, "eval_interval": interval}
+    )
+    spec = specs.attempt_spec(next_attempt(job))
+    assert ("eval_interval" in spec["hyperparameters"]) is bool(interval)
+    assert parse_job_spec(spec).hyperparameters.eval_interval == interval
