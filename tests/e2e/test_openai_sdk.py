@@ -275,6 +275,37 @@ def _assert_results(client: openai.OpenAI, job: FineTuningJob, total_steps: int)
     assert steps[-1] == total_steps
 
 
+def test_a_validation_file_gives_openai_metrics_in_checkpoints_and_the_result_csv(
+    client, plane, start_node, demo_dataset, tiny_model_dir
+) -> None:
+    """With a validation file the node's executor reports OpenAI's metrics: a checkpoint's
+    train and valid figures, and the result CSV read by OpenAI's column names."""
+    training_file = _upload(client, demo_dataset, plane)
+    validation_file = _upload(client, demo_dataset, plane)
+    job_id = _create(
+        client, str(tiny_model_dir), training_file, n_epochs=1, validation_file=validation_file
+    ).id
+    node = _node(start_node, "node-sdk-v")
+    job = _wait_status(client, job_id, "succeeded", TRAIN_TIMEOUT, node, plane)
+
+    (checkpoint,) = client.fine_tuning.jobs.checkpoints.list(job_id)  # the newest: step 10
+    figures = checkpoint.metrics
+    assert figures.step == checkpoint.step_number and figures.train_loss
+    for accuracy in (figures.train_mean_token_accuracy, figures.valid_mean_token_accuracy):
+        assert accuracy is not None and 0.0 <= accuracy <= 1.0
+    assert figures.valid_loss and figures.full_valid_loss is None  # the whole file: at the end
+
+    metrics_id = next(f for f in job.result_files if f.startswith("file-metrics-"))
+    rows = list(csv.DictReader(io.StringIO(client.files.content(metrics_id).read().decode())))
+    trained = [r for r in rows if r["train_loss"]]
+    assert trained and all(0.0 <= float(r["train_accuracy"]) <= 1.0 for r in trained)
+    assert all(r["train_accuracy"] == r["train_mean_token_accuracy"] for r in rows)
+    sampled = [r for r in rows if r["valid_loss"]]
+    assert len(sampled) >= 5 and all(r["valid_mean_token_accuracy"] for r in sampled)
+    (whole,) = [r for r in rows if r["full_valid_loss"]]
+    assert int(whole["step"]) == STEPS_PER_EPOCH and whole["full_valid_mean_token_accuracy"]
+
+
 def test_cancel_a_running_job_frees_the_node(
     client, plane, start_node, demo_dataset, tiny_model_dir
 ) -> None:
