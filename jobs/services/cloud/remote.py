@@ -28,6 +28,9 @@ from providers.errors import PermanentProviderError, TransientProviderError
 
 log = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 2000
+# Reads of events.jsonl (each at most providers.ssh.MAX_EVENTS_READ) in the poll that finds the
+# executor exited; what is left then is read by the next poll before the attempt is judged.
+EXITED_READS = 8
 
 
 def attempt_new_ssh_key(*, attempt: JobAttempt) -> None:
@@ -78,19 +81,33 @@ def attempt_drive(*, attempt: JobAttempt, state: RemoteState, pause: bool = Fals
                 _start(attempt, executor, state.ssh, directory)
             elif pause:
                 executor.request_stop(pause=True)
-            events, offset = executor.read_events(attempt.events_offset)
-            if events:
-                attempt_record_events(
-                    job_id=attempt.job.public_id, attempt_number=attempt.number, events=events
-                )
-            JobAttempt.objects.filter(pk=attempt.pk).update(events_offset=offset)
+            # The exit code first: once it is there every event is written, so reading them
+            # after it cannot miss the last ones (its final status, written as it exits).
             code = executor.exit_code()
-            if code is not None:
+            read_all = _collect_events(attempt, executor, to_the_end=code is not None)
+            if code is not None and read_all:
                 _exited(attempt, executor, code)
     except TransientProviderError as exc:  # the next poll tries again; the lease bounds it
         log.info("SSH to %s failed this cycle: %s", attempt, exc)
     except PermanentProviderError as exc:
         attempt_end(attempt=attempt, reason=EndReason.PROVIDER_ERROR, message=str(exc))
+
+
+def _collect_events(attempt: JobAttempt, executor: ssh.RemoteExecutor, *, to_the_end: bool) -> bool:
+    """Record the executor's new events (a bounded read per call); ``to_the_end``: read on
+    until nothing is left, or EXITED_READS reads. Returns whether nothing was left."""
+    offset = attempt.events_offset
+    for _ in range(EXITED_READS if to_the_end else 1):
+        events, after = executor.read_events(offset)
+        if events:
+            attempt_record_events(
+                job_id=attempt.job.public_id, attempt_number=attempt.number, events=events
+            )
+        JobAttempt.objects.filter(pk=attempt.pk).update(events_offset=after)
+        if after == offset:
+            return True
+        offset = after
+    return False
 
 
 def _start(

@@ -8,6 +8,7 @@ then a crash), so these tests need no torch; the real executor over SSH: test_cl
 
 from __future__ import annotations
 
+import json
 import socket
 import stat
 import time
@@ -209,6 +210,45 @@ def test_an_executor_that_dies_without_a_final_report_fails_the_attempt_with_its
     assert job.error_message.rstrip().endswith("RuntimeError: CUDA error: out of memory")
     reported = JobEvent.objects.filter(job=job, attempt=1, seq=0).get()
     assert reported.data["status"] == "running", "the events it wrote reached the job"
+
+
+def test_a_final_report_written_as_the_executor_exits_is_read_before_it_is_judged(
+    ssh_cloud, make_job, sshd, monkeypatch, settings, tmp_path: Path
+) -> None:
+    """The executor writes its last event and exits: a poll that read the events just before
+    and found the exit code just after would miss that event and call a reported end (here an
+    out-of-memory) a silent death. The poll reads the exit code first, then the events."""
+    held = tmp_path / "held-executor"  # the crashing one, exiting once the test says so
+    held.write_text(
+        CRASHING_EXECUTOR.replace("exit 1", "until [ -e release ]; do sleep 0.1; done\nexit 1")
+    )
+    held.chmod(held.stat().st_mode | stat.S_IXUSR)
+    settings.TRAINHUB_REMOTE_PYTHON = str(held)
+    attempt = keyed_attempt(make_job, max_attempts=1)
+    authorize(sshd, attempt)
+    remote.attempt_drive(attempt=fresh(attempt), state=up(sshd))
+    assert fresh(attempt).claimed_at is not None and fresh(attempt).ended_at is None
+    directory = Path(remote.remote_dir(fresh(attempt), SshAddress(sshd.host, sshd.port, "root")))
+    (directory / "release").touch()
+    deadline = time.monotonic() + DRIVE_TIMEOUT
+    while not (directory / "exit_code").exists():
+        assert time.monotonic() < deadline, (directory / "executor.log").read_text()
+        time.sleep(0.1)
+    real_exit_code = ssh.RemoteExecutor.exit_code
+    final = {"seq": 1, "type": "status", "message": "CUDA out of memory",
+             "data": {"status": "failed", "code": "oom"}}  # fmt: skip
+
+    def exits_as_it_reports(executor: ssh.RemoteExecutor) -> int | None:
+        with (directory / "events.jsonl").open("a") as events:  # the last words, just now
+            events.write(json.dumps(final) + "\n")
+        return real_exit_code(executor)
+
+    monkeypatch.setattr(ssh.RemoteExecutor, "exit_code", exits_as_it_reports)
+    remote.attempt_drive(attempt=fresh(attempt), state=up(sshd))
+
+    ended = fresh(attempt)
+    assert (ended.end_reason, ended.ended_at is not None) == ("oom", True)
+    assert TrainingJob.objects.get(pk=attempt.job_id).error_code == "oom"
 
 
 def test_a_machine_presenting_another_host_key_is_refused(ssh_cloud, make_job, sshd) -> None:
