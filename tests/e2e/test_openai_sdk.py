@@ -204,6 +204,15 @@ def test_upload_train_pause_resume_and_download_the_results(
     wait_for("the node to be idle", lambda: _node_status("node-sdk") == "idle", 20, *procs)
     assert GpuNode.objects.get(name="node-sdk").current_attempt is None
     assert _status(client, job_id) == "paused"
+
+    # The executor's last event batch (the pause's checkpoint) can be stored a moment after
+    # the attempt ended on its final status (seen once under load): wait for it, bounded.
+    def checkpoint_of_the_last_step() -> bool:
+        listed = list(client.fine_tuning.jobs.checkpoints.list(job_id))
+        last_step = _metrics(_events(client, job_id), attempt=1)[-1]["step"]
+        return len(listed) == 1 and listed[0].step_number == last_step
+
+    wait_for("the pause's checkpoint of the last step", checkpoint_of_the_last_step, 20, *procs)
     checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job_id))
     assert len(checkpoints) == 1, checkpoints  # one per attempt: the newest
     (checkpoint,) = checkpoints
