@@ -111,11 +111,9 @@ def accuracy_trainer(base: type[Any]) -> type[Any]:
             output = super().evaluation_loop(*args, **kwargs)
             prefix = kwargs.get("metric_key_prefix", "eval")
             stats = self.eval_tokens.take()
-            if stats.counted:
+            if stats.accuracy is not None:
                 output.metrics[f"{prefix}_loss"] = stats.loss
-                output.metrics[f"{prefix}_mean_token_accuracy"] = round(
-                    stats.correct / stats.counted, 6
-                )
+                output.metrics[f"{prefix}_mean_token_accuracy"] = round(stats.accuracy, 6)
             return output
 
     return AccuracyTrainer

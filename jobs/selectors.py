@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 
 from jobs import result_files
@@ -203,11 +203,9 @@ def _metrics_before(checkpoint: JobEvent) -> dict[str, Any]:
         return {}
     events = JobEvent.objects.filter(job_id=checkpoint.job_id, attempt=checkpoint.attempt)
     metrics = _newest_at_or_before(events.filter(type="metrics"), step)
-    validations = events.filter(type="log").filter(
-        Q(data__has_key="eval_loss") | Q(data__has_key="full_valid_loss")
-    )
-    sample = _newest_at_or_before(validations.filter(data__has_key="eval_loss"), step)
-    whole = _newest_at_or_before(validations.filter(data__has_key="full_valid_loss"), step)
+    logs = events.filter(type="log")
+    sample = _newest_at_or_before(logs.filter(data__has_key="eval_loss"), step)
+    whole = _newest_at_or_before(logs.filter(data__has_key="full_valid_loss"), step)
     return {
         **(metrics or {}),
         **result_files.validation_metrics(sample or {}),
