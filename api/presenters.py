@@ -26,7 +26,7 @@ from jobs.result_files import (
     result_file_ids,
     validation_metrics,
 )
-from jobs.services.core.job_request import BASE_LEARNING_RATE
+from jobs.services.core.job_request import base_learning_rate
 from jobs.states import JobStatus, WaitCode
 
 # Why a job waits, as its project may read it. The dispatcher words a wait on the own fleet
@@ -117,19 +117,36 @@ def estimated_finish(j: TrainingJob) -> int | None:
     return int(j.started_at.timestamp() + elapsed * total / step)
 
 
-def hyperparameters_json(hyper: dict[str, Any]) -> dict[str, Any]:
-    """trainhub's resolved hyperparameters, with OpenAI's learning_rate_multiplier beside them."""
+def hyperparameters_json(hyper: dict[str, Any], method: str = "supervised") -> dict[str, Any]:
+    """trainhub's resolved hyperparameters, with OpenAI's learning_rate_multiplier beside them
+    (of the method's base rate); beta for dpo only."""
     rate = hyper.get("learning_rate")
-    multiplier = round(rate / BASE_LEARNING_RATE, 6) if isinstance(rate, int | float) else None
-    return {**hyper, "learning_rate_multiplier": multiplier}
+    base = base_learning_rate(method)
+    multiplier = round(rate / base, 6) if isinstance(rate, int | float) else None
+    shown = {k: v for k, v in hyper.items() if k != "beta" or method == "dpo"}
+    return {**shown, "learning_rate_multiplier": multiplier}
+
+
+def parent_json(j: TrainingJob) -> dict[str, Any] | None:
+    """The fine-tuned model a job continues (jobs.services.core.lineage), or None."""
+    if not j.parent_model:
+        return None
+    return {
+        "fine_tuned_model": j.parent_model,
+        "job_id": j.parent_job.public_id if j.parent_job else None,
+        "step_number": j.parent_step,
+        "sha256": j.parent_sha256,
+    }
 
 
 def job_json(j: TrainingJob) -> dict[str, Any]:
-    hyper = hyperparameters_json(j.hyperparameters)
+    hyper = hyperparameters_json(j.hyperparameters, j.method)
     return {
         "id": j.public_id,
         "object": "fine_tuning.job",
-        "model": j.model,
+        "model": j.parent_model or j.model,
+        "base_model": j.model,
+        "parent": parent_json(j),
         "created_at": ts(j.created_at),
         "started_at": ts(j.started_at),
         "finished_at": ts(j.finished_at),
@@ -140,7 +157,7 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "training_file": j.training_file.public_id,
         "validation_file": j.validation_file.public_id if j.validation_file else None,
         "result_files": result_file_ids(j),
-        "method": {"type": "supervised", "supervised": {"hyperparameters": hyper}},
+        "method": {"type": j.method, j.method: {"hyperparameters": hyper}},
         "hyperparameters": hyper,
         "adapter": j.adapter,
         "seed": j.seed,

@@ -156,6 +156,7 @@ class Hyperparameters(Body):
     eval_interval = s.IntegerField(
         required=False, help_text="0: auto; absent on jobs created before it existed"
     )
+    beta = s.FloatField(required=False, help_text="dpo jobs only")
 
 
 class SupervisedIn(Body):
@@ -163,8 +164,9 @@ class SupervisedIn(Body):
 
 
 class MethodIn(Body):
-    type = _enum(["supervised"], help_text="dpo and reinforcement: not yet (400)")
+    type = _enum(["supervised", "dpo"], help_text="reinforcement: not available (400)")
     supervised = SupervisedIn(required=False)
+    dpo = SupervisedIn(required=False, help_text="hyperparameters, with beta (auto: 0.1)")
 
 
 class Supervised(Body):
@@ -172,8 +174,16 @@ class Supervised(Body):
 
 
 class Method(Body):
-    type = _enum(["supervised"])
-    supervised = Supervised()
+    type = _enum(["supervised", "dpo"])
+    supervised = Supervised(required=False)
+    dpo = Supervised(required=False)
+
+
+class Parent(Body):
+    fine_tuned_model = s.CharField(help_text="the ft: name the job was created with")
+    job_id = s.CharField(allow_null=True, help_text="null once that job is deleted")
+    step_number = s.IntegerField(allow_null=True, help_text="a checkpoint's; null: final adapter")
+    sha256 = s.CharField(help_text="of the adapter bytes the job continues")
 
 
 @extend_schema_field(_json_schema(ADAPTER_SCHEMA))
@@ -205,7 +215,10 @@ class StringMap(s.JSONField):
 
 
 class JobCreate(Body):
-    model = s.CharField(help_text="Hub id (owner/name) or an absolute path the operator allows.")
+    model = s.CharField(
+        help_text="Hub id (owner/name), an absolute path the operator allows, or a "
+        "fine_tuned_model / fine_tuned_model_checkpoint of this project (trains on from it)."
+    )
     training_file = s.CharField(help_text="file-… of this project, purpose fine-tune")
     validation_file = s.CharField(required=False, allow_null=True)
     method = MethodIn(required=False)
@@ -249,7 +262,9 @@ class AnyObject(s.JSONField):
 class Job(Body):
     id = s.CharField(help_text="ftjob-…")
     object = _enum(["fine_tuning.job"])
-    model = s.CharField()
+    model = s.CharField(help_text="as requested: a base model or an ft: name")
+    base_model = s.CharField(help_text="the base model trained (the parent's, for an ft: model)")
+    parent = Parent(allow_null=True, help_text="the fine-tuned model this job continues")
     created_at = s.IntegerField()
     started_at = s.IntegerField(allow_null=True)
     finished_at = s.IntegerField(allow_null=True)

@@ -34,7 +34,7 @@ _CHUNK = 1024 * 1024
 TRAINER_STATE = "trainer_state.json"
 
 
-def _chunks(path: Path) -> Iterator[bytes]:
+def file_chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as fh:
         while chunk := fh.read(_CHUNK):
             yield chunk
@@ -42,7 +42,7 @@ def _chunks(path: Path) -> Iterator[bytes]:
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    for chunk in _chunks(path):
+    for chunk in file_chunks(path):
         digest.update(chunk)
     return digest.hexdigest()
 
@@ -60,7 +60,7 @@ def unpack(tar_path: Path, dest: Path) -> int:
     Returns the checkpoint's global step. Raises BundleError when the file is not an intact
     checkpoint (bad hashes, not a tar, no trainer state).
     """
-    verified = verify_bundle(_chunks(tar_path))
+    verified = verify_bundle(file_chunks(tar_path))
     names = {f.path for f in verified.files}
     if TRAINER_STATE not in names:
         raise BundleError(f"not a training checkpoint: no {TRAINER_STATE}", TRAINER_STATE)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_worker import checkpoints
 from gpu_worker.formatting import FormatStats
+from gpu_worker.preference import PREFERENCE_METRICS
 from gpu_worker.trainer import rate, to_float
 from trainhub_contract.bundle import FORMAT_VERSION, write_bundle
 
@@ -49,6 +50,8 @@ def final_metrics(
         "adapter": spec.adapter.to_dict(),
         "hyperparameters": spec.hyperparameters.to_dict(),
         "seed": spec.seed,
+        "method": spec.method,
+        "parent_adapter_sha256": spec.parent_adapter.sha256 if spec.parent_adapter else None,
         "dataset_format": spec.dataset.format,
         "global_step": state.global_step,
         "total_steps": state.max_steps,
@@ -62,6 +65,13 @@ def final_metrics(
         "train_mean_token_accuracy": last("mean_token_accuracy"),
         "valid_mean_token_accuracy": last("eval_mean_token_accuracy"),
         "loss_history": [{"step": s, "loss": v} for s, v in history],
+        # dpo (gpu_worker.preference): the last logged step's and the last sample pass's.
+        **{name: last(name) for name in PREFERENCE_METRICS if last(name) is not None},
+        **{
+            f"eval_{n}": last(f"eval_{n}")
+            for n in PREFERENCE_METRICS
+            if last(f"eval_{n}") is not None
+        },
         # What each count means: gpu_worker.token_counts. Rates cover this attempt only.
         "trained_tokens": counts.tokens,
         "useful_tokens": counts.useful,

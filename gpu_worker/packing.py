@@ -231,6 +231,16 @@ def choose_batching(
 
     Turns the model's KV cache off for training: with one, transformers ignores the packing."""
     pad = pad_token_id(tokenizer)
+    if spec.method == "dpo":
+        from gpu_worker.preference import PairCollator
+
+        return Batching(
+            PADDED,
+            PairCollator(pad),
+            "random",
+            "DPO: each batch pads its pairs' two replies to the longest (packing does not apply "
+            "to pairs).",
+        )
     if not spec.hyperparameters.packing:
         return Batching(PADDED, PadCollator(pad), "random", "Packing is off: padded batches.")
     config = getattr(model, "config", None)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_worker import backends, checkpoints, preemption, transfer
+from gpu_worker import backends, checkpoints, lineage, preemption, transfer
 from gpu_worker.backends.loading import is_oom
 from gpu_worker.errors import (
     CANCELLED,
@@ -55,6 +55,7 @@ from gpu_worker.formatting import (
     encode_examples,
 )
 from gpu_worker.packaging import final_metrics, package_adapter
+from gpu_worker.preference import encode_preference
 from gpu_worker.trainer import (
     StopGuard,
     StopProbe,
@@ -228,6 +229,7 @@ def _run(
         backend=backend,
     )
 
+    _check_method(spec)
     records = _fetch_dataset(spec.dataset, run_dir / "data" / "train.jsonl", "training", stop)
     eval_records = (
         _fetch_dataset(
@@ -240,6 +242,7 @@ def _run(
     stop.raise_if_stopped("while downloading")
 
     resume_dir, resume_step = _fetch_resume(spec, run_dir, reporter, stop)
+    parent_dir = _fetch_parent(spec, run_dir, stop)
 
     model, tokenizer = backends.load(spec)
     trainable, total = _param_counts(model)
@@ -249,6 +252,12 @@ def _run(
         trainable_parameters=trainable,
         total_parameters=total,
     )
+    if parent_dir is not None and spec.parent_adapter is not None:
+        tensors = lineage.load_parent_weights(spec, model, parent_dir)
+        reporter.log(
+            f"Continuing the parent adapter ({tensors} tensors, sha256 "
+            f"{spec.parent_adapter.sha256[:12]}…)."
+        )
     stop.raise_if_stopped("while loading the model")
 
     max_len = _effective_max_len(spec, model, reporter)
@@ -320,6 +329,18 @@ def _run(
     )
 
 
+def _check_method(spec: JobSpec) -> None:
+    """A dpo job trains on preference pairs, a supervised one on anything else (the control
+    plane refuses a mismatch at create; this guards a hand-written spec)."""
+    for what, ref in (("training", spec.dataset), ("validation", spec.validation_dataset)):
+        if ref is not None and (ref.format == "preference") != (spec.method == "dpo"):
+            raise ExecutorError(
+                INVALID_DATASET,
+                f"a {spec.method} job cannot train on a {ref.format} {what} dataset; dpo takes "
+                "the preference format and only dpo does",
+            )
+
+
 def _download(
     url: str, dest: Path, stop: StopGuard, *, what: str, sha256: str | None = None
 ) -> None:
@@ -377,6 +398,20 @@ def _fetch_resume(
     return dest, step
 
 
+def _fetch_parent(spec: JobSpec, run_dir: Path, stop: StopGuard) -> Path | None:
+    """The adapter the job continues (gpu_worker.lineage), downloaded and verified; None for a
+    job that starts a fresh adapter."""
+    if spec.parent_adapter is None:
+        return None
+    tar = run_dir / "parent.tar"
+    _download(spec.parent_adapter.url, tar, stop, sha256=spec.parent_adapter.sha256,
+              what="parent adapter")  # fmt: skip
+    try:
+        return lineage.unpack_adapter(tar, run_dir / "parent")
+    finally:
+        tar.unlink(missing_ok=True)
+
+
 def _param_counts(model: Any) -> tuple[int, int]:
     counter = getattr(model, "get_nb_trainable_parameters", None)
     if callable(counter):
@@ -405,9 +440,12 @@ def _encode(
     max_len: int,
     what: str,
     reporter: Reporter,
-) -> tuple[list[dict[str, list[int]]], FormatStats]:
+) -> tuple[list[dict[str, Any]], FormatStats]:
     try:
-        examples, stats = encode_examples(records, ref.format, tokenizer, max_len)
+        if ref.format == "preference":
+            examples, stats = encode_preference(records, tokenizer, max_len)
+        else:
+            examples, stats = encode_examples(records, ref.format, tokenizer, max_len)
     except FormatError as exc:
         raise ExecutorError(INVALID_DATASET, f"{what} dataset {exc}") from exc
     for warning in stats.warnings:

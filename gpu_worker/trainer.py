@@ -23,6 +23,7 @@ from gpu_worker.errors import (
     Preempted,
 )
 from gpu_worker.packing import choose_batching
+from gpu_worker.preference import PREFERENCE_METRICS, attach_reference, dpo_trainer
 from gpu_worker.token_accuracy import accuracy_trainer
 from gpu_worker.token_counts import TokenCounts, counting_trainer, make_token_counter
 from trainhub_contract.outcomes import StopMode
@@ -154,6 +155,7 @@ def make_callback(
                     trained_tokens=total.tokens,
                     useful_tokens=total.useful,
                     padding_share=total.padding_share,
+                    **{name: float(logs[name]) for name in PREFERENCE_METRICS if name in logs},
                 )
             if "eval_loss" in logs:
                 reporter.log(
@@ -163,6 +165,7 @@ def make_callback(
                     step=state.global_step,
                     eval_loss=float(logs["eval_loss"]),
                     eval_mean_token_accuracy=to_float(logs.get("eval_mean_token_accuracy")),
+                    **_preference_figures(logs, "eval_"),
                 )
             if "full_valid_loss" in logs:
                 reporter.log(
@@ -175,6 +178,7 @@ def make_callback(
                     full_valid_mean_token_accuracy=to_float(
                         logs.get("full_valid_mean_token_accuracy")
                     ),
+                    **_preference_figures(logs, "full_valid_"),
                 )
 
         def _check_stop(self, control: TrainerControl, state: TrainerState) -> str | None:
@@ -242,6 +246,15 @@ def make_callback(
     return ExecutorCallback()
 
 
+def _preference_figures(logs: dict[str, float], prefix: str) -> dict[str, Any]:
+    """A dpo evaluation pass's rewards, under the pass's prefix (none for supervised jobs)."""
+    return {
+        f"{prefix}{name}": float(logs[f"{prefix}{name}"])
+        for name in PREFERENCE_METRICS
+        if f"{prefix}{name}" in logs
+    }
+
+
 def _accuracy_note(accuracy: object) -> str:
     value = to_float(accuracy)
     return f", token accuracy {value:.1%}" if value is not None else ""
@@ -272,8 +285,8 @@ def build_trainer(
     spec: JobSpec,
     model: Any,
     tokenizer: Any,
-    train_examples: list[dict[str, list[int]]],
-    eval_examples: list[dict[str, list[int]]] | None,
+    train_examples: list[dict[str, Any]],
+    eval_examples: list[dict[str, Any]] | None,
     *,
     max_len: int,
     run_dir: Path,
@@ -288,6 +301,7 @@ def build_trainer(
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     hp = spec.hyperparameters
+    dpo = spec.method == "dpo"
     precision = backends.precision()
     batching = choose_batching(spec, model, tokenizer, max_len, backends.select_backend())
     reporter.log(batching.note, "warning" if batching.warning else "info", batching=batching.mode)
@@ -315,13 +329,15 @@ def build_trainer(
         gradient_checkpointing=False,  # the backend applied the spec's setting when loading
         disable_tqdm=True,
         dataloader_num_workers=0,
+        prediction_loss_only=dpo,  # an evaluation pass of pairs gives a loss, not logits
         bf16=precision["bf16"],
         fp16=precision["fp16"],
     )
     counter = make_token_counter()
     callback = make_callback(reporter, stop, checkpointer, counter)
     callback.batching = batching.mode
-    trainer = counting_trainer(accuracy_trainer(Trainer), counter)(
+    loop = dpo_trainer(Trainer, hp.beta) if dpo else accuracy_trainer(Trainer)
+    trainer = counting_trainer(loop, counter)(
         model=model,
         args=args,
         train_dataset=train_examples,  # a list is a map-style dataset
@@ -332,6 +348,14 @@ def build_trainer(
     # With tqdm off the Trainer prints every log dict to stdout; progress goes through the
     # reporter instead (stdout stays clean for the CLI's JSON summary).
     trainer.remove_callback(PrinterCallback)
+    if dpo:  # the reference: the model as it starts (gpu_worker.preference)
+        started = time.monotonic()
+        pairs = train_examples + (eval_examples or [])
+        attach_reference(trainer.model, pairs, batching.collator, hp.batch_size)
+        reporter.log(
+            f"Reference log-probabilities of {len(pairs)} pairs computed in "
+            f"{time.monotonic() - started:.1f} s (the model the job starts from; beta {hp.beta}).",
+        )
     return trainer, callback
 
 

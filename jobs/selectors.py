@@ -94,7 +94,9 @@ def one_by_id(
 
 
 def job_get(*, project: Project, job_id: str) -> TrainingJob:
-    rows = TrainingJob.objects.select_related("project", "training_file", "validation_file")
+    rows = TrainingJob.objects.select_related(
+        "project", "training_file", "validation_file", "parent_job"
+    )
     return one_by_id(
         rows.filter(project=project),
         job_id,
@@ -128,9 +130,9 @@ def job_list(
     limit: int,
     metadata: Mapping[str, str] | None = None,
 ) -> tuple[list[TrainingJob], bool]:
-    qs = TrainingJob.objects.select_related("project", "training_file", "validation_file").filter(
-        project=project
-    )
+    qs = TrainingJob.objects.select_related(
+        "project", "training_file", "validation_file", "parent_job"
+    ).filter(project=project)
     for i, (key, value) in enumerate((metadata or {}).items()):
         # A key transform per pair (not JSON containment, which SQLite lacks); any key works.
         qs = qs.alias(**{f"_meta{i}": KeyTextTransform(key, "metadata")}).filter(

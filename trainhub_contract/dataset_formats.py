@@ -7,11 +7,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-FORMATS = ("messages", "alpaca", "prompt_completion", "text")
+FORMATS = ("messages", "alpaca", "prompt_completion", "text", "preference")
+# The supervised formats; ``preference`` (OpenAI's DPO shape) is what a dpo job trains on.
+SUPERVISED_FORMATS = FORMATS[:4]
+PREFERENCE = "preference"
 ROLES = ("system", "user", "assistant", "tool")
 SHAPES = (
     'accepted shapes: {"messages": [...]}, {"prompt": ..., "completion": ...}, '
-    '{"instruction": ..., "output": ...} (optional "input"), {"text": ...}'
+    '{"instruction": ..., "output": ...} (optional "input"), {"text": ...}; for dpo: '
+    '{"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}'
 )
 
 
@@ -24,6 +28,8 @@ def detect_format(record: dict[str, Any]) -> str | None:
     """The format a record claims by its keys (fields are checked separately), or None."""
     if not isinstance(record, dict):
         return None
+    if "preferred_output" in record or "non_preferred_output" in record:
+        return PREFERENCE
     if "messages" in record:
         return "messages"
     if "prompt" in record and "completion" in record:
@@ -82,6 +88,60 @@ def _check_messages(record: dict[str, Any]) -> tuple[str | None, list[str]]:
     return None, texts
 
 
+def _check_output(record: dict[str, Any], name: str) -> tuple[str | None, list[str]]:
+    """One side of a preference pair: a list of exactly one assistant message."""
+    output = record.get(name)
+    if not isinstance(output, list) or len(output) != 1 or not isinstance(output[0], dict):
+        return f"{name} must be a list of exactly one assistant message", []
+    message = output[0]
+    if message.get("role") != "assistant":
+        return f'{name}[0].role must be "assistant" (got {json.dumps(message.get("role"))})', []
+    if "weight" in message:
+        return f"{name}[0] takes no weight (both outputs of a pair are compared whole)", []
+    content, calls = message.get("content"), message.get("tool_calls")
+    if content is None and isinstance(calls, list) and calls:
+        return None, [json.dumps(calls)]
+    if not _nonempty(content):
+        return f"{name}[0].content must be a non-empty string (or null with tool_calls)", []
+    return None, [str(content)]
+
+
+def _check_preference(record: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """OpenAI's DPO line: ``input`` (messages, optional tools) and one preferred and one
+    non-preferred assistant reply to it."""
+    prompt = record.get("input")
+    if not isinstance(prompt, dict) or "messages" not in prompt:
+        return "input must be an object with messages (the conversation so far)", []
+    if set(prompt) - {"messages", "tools", "parallel_tool_calls"}:
+        extra = sorted(set(prompt) - {"messages", "tools", "parallel_tool_calls"})[0]
+        return f"input.{extra} is not a known field (messages, tools, parallel_tool_calls)", []
+    messages = prompt["messages"]
+    if not isinstance(messages, list) or not messages:
+        return "input.messages must be a non-empty list of {role, content} objects", []
+    texts: list[str] = []
+    for i, m in enumerate(messages):
+        where = f"input.messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            return f"{where} must be an object whose role is one of {', '.join(ROLES)}", []
+        content = m.get("content")
+        if content is None and m.get("role") == "assistant" and m.get("tool_calls"):
+            texts.append(json.dumps(m["tool_calls"]))
+        elif isinstance(content, str):
+            texts.append(content)
+        else:
+            return f"{where}.content must be a string (null only for assistant tool_calls)", []
+    if "tools" in prompt and not isinstance(prompt["tools"], list):
+        return "input.tools must be a list when present", []
+    for name in ("preferred_output", "non_preferred_output"):
+        error, said = _check_output(record, name)
+        if error:
+            return error, []
+        texts += said
+    if record["preferred_output"] == record["non_preferred_output"]:
+        return "preferred_output and non_preferred_output are the same reply", []
+    return None, texts
+
+
 def _check_prompt_completion(record: dict[str, Any]) -> tuple[str | None, list[str]]:
     if not isinstance(record["prompt"], str):
         return "prompt must be a string", []
@@ -111,6 +171,7 @@ _CHECKS: dict[str, Callable[[dict[str, Any]], tuple[str | None, list[str]]]] = {
     "prompt_completion": _check_prompt_completion,
     "alpaca": _check_alpaca,
     "text": _check_text,
+    PREFERENCE: _check_preference,
 }
 
 

@@ -10,6 +10,9 @@ precedence in this order):
 - ``prompt_completion``: ``{"prompt": "...", "completion": "..."}``
 - ``alpaca``: ``{"instruction": "...", "input": "..." (optional), "output": "..."}``
 - ``text``: ``{"text": "..."}``
+- ``preference`` (what a dpo job trains on, OpenAI's shape): ``{"input": {"messages": [...],
+  "tools": [...] (optional)}, "preferred_output": [{"role": "assistant", ...}],
+  "non_preferred_output": [{"role": "assistant", ...}]}``
 
 Line numbers are 1-based and count every line, blank ones included. File-level problems (no
 examples, too few examples) are reported as ``LineError(line=0, ...)``, and as

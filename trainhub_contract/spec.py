@@ -35,6 +35,7 @@ from trainhub_contract.spec_schema import (
     JOB_SPEC_SCHEMA,
     JOB_SPEC_VALIDATOR,
     MAX_RUNTIME_LIMIT_SECONDS,
+    METHODS,
     PREEMPTION_NOTICES,
     SPEC_VERSION,
     SUPPORTED_SPEC_VERSIONS,
@@ -53,6 +54,7 @@ __all__ = [
     "HYPERPARAMETERS_SCHEMA",
     "JOB_SPEC_SCHEMA",
     "MAX_RUNTIME_LIMIT_SECONDS",
+    "METHODS",
     "PREEMPTION_NOTICES",
     "SPEC_VERSION",
     "SUPPORTED_SPEC_VERSIONS",
@@ -61,6 +63,7 @@ __all__ = [
     "Hyperparameters",
     "JobSpec",
     "Outputs",
+    "ParentAdapter",
     "SpecError",
     "parse_adapter",
     "parse_hyperparameters",
@@ -129,6 +132,7 @@ class Hyperparameters:
     gradient_checkpointing: bool = True
     packing: bool = True
     eval_interval: int = 0  # 0: auto, a tenth of the run (spec_schema's description)
+    beta: float = 0.1  # dpo only: the strength of the pull towards the reference model
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in HYPERPARAMETERS_SCHEMA["properties"]}
@@ -144,6 +148,18 @@ class DatasetRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "sha256": self.sha256, "format": self.format}
+
+
+@dataclass(frozen=True)
+class ParentAdapter:
+    """The adapter a job continues (an earlier job's bundle or one of its checkpoints): the
+    executor loads its weights into the fresh adapter before training."""
+
+    url: str
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -171,6 +187,8 @@ class JobSpec:
     ``report`` configures the event sink (free-form JSON object, read by gpu_worker.report).
     ``preemption_notice``: whose preemption warning to watch on this machine (``"aws"``: the
     EC2 spot interruption notice, gpu_worker.preemption); None on machines that are not spot.
+    ``method``: ``supervised`` or ``dpo`` (``dataset`` is then in the ``preference`` format).
+    ``parent_adapter``: the adapter to continue training, None for a fresh one.
     """
 
     version: int
@@ -187,6 +205,8 @@ class JobSpec:
     secrets: dict[str, str] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
     preemption_notice: str | None = None
+    method: str = "supervised"
+    parent_adapter: ParentAdapter | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict that :func:`parse_job_spec` turns back into an equal spec."""
@@ -209,6 +229,8 @@ class JobSpec:
             # Only when set, so a spec for a machine that is not spot still reads on executors
             # that predate the field.
             **({"preemption_notice": self.preemption_notice} if self.preemption_notice else {}),
+            **({"method": self.method} if self.method != "supervised" else {}),
+            **({"parent_adapter": self.parent_adapter.to_dict()} if self.parent_adapter else {}),
         }
 
 
@@ -319,4 +341,8 @@ def parse_job_spec(data: object) -> JobSpec:
         secrets=dict(data.get("secrets", {})),
         report=copy.deepcopy(data.get("report", {})),
         preemption_notice=data.get("preemption_notice"),
+        method=data.get("method", "supervised"),
+        parent_adapter=ParentAdapter(**data["parent_adapter"])
+        if "parent_adapter" in data
+        else None,
     )

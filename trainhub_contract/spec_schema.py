@@ -19,6 +19,8 @@ ADAPTER_TYPES = ("lora", "qlora", "dora")
 ALL_LINEAR = "all-linear"
 # Providers whose preemption warning the executor can watch (gpu_worker.preemption).
 PREEMPTION_NOTICES = ("aws",)
+# How a job trains: supervised (SFT) or dpo (direct preference optimization).
+METHODS = ("supervised", "dpo")
 # Signed URLs are issued per attempt with a TTL covering max_runtime; S3 caps presigned URLs at 7 days.
 MAX_RUNTIME_LIMIT_SECONDS = 7 * 24 * 3600
 
@@ -98,6 +100,14 @@ HYPERPARAMETERS_SCHEMA: dict[str, Any] = {
             "examples; 0 (auto) evaluates every tenth of the run. The whole file is "
             "evaluated once at the end (full_valid_loss, full_valid_mean_token_accuracy)",
         },
+        "beta": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 2,
+            "default": 0.1,
+            "description": "dpo only: how far the trained model may move from the reference "
+            "(the model the job starts from); a number > 0 and <= 2, higher stays closer",
+        },
     },
 }
 
@@ -155,6 +165,22 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         "report": {"type": "object"},  # sink config, read by gpu_worker.report
         # Optional and added without a version bump: a spec without it reads as before, and
         # the control plane writes it only for attempts on spot machines.
+        # Optional too, written only when they differ from what an older executor did.
+        "method": {
+            "enum": list(METHODS),
+            "description": '"supervised" (default) or "dpo" (a preference dataset)',
+        },
+        "parent_adapter": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["url", "sha256"],
+            "properties": {
+                "url": _URL,
+                "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                           "description": "64 lowercase hexadecimal characters"},
+            },
+            "description": "the adapter the job continues (a bundle or a checkpoint tar)",
+        },
         "preemption_notice": {
             "enum": [*PREEMPTION_NOTICES, None],
             "description": '"aws" (watch the EC2 spot interruption notice) or null',

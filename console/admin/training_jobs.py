@@ -37,8 +37,8 @@ ADMIN_EVENTS = queries.EVENTS_PAGE  # events shown on a page of a job's events
 # Fields of the request as submitted, shown folded on the job page; the rest of the row
 # (status, metrics, counters) under "Raw state". Priority alone stays editable.
 REQUEST_FIELDS = (
-    "public_id", "project", "created_by", "model", "training_file", "validation_file",
-    "adapter", "hyperparameters", "seed", "suffix", "target", "max_runtime_seconds",
+    "public_id", "project", "created_by", "model", "method", "parent_model", "parent_job",
+    "parent_step", "training_file", "validation_file", "adapter", "hyperparameters", "seed", "suffix", "target", "max_runtime_seconds",
     "max_attempts", "gpu", "node_selector", "max_price_per_hour", "metadata",
 )  # fmt: skip
 

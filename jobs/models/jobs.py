@@ -24,6 +24,20 @@ class TrainingJob(models.Model):
         on_delete=models.PROTECT,
         related_name="validation_jobs",
     )
+    method = models.CharField(
+        max_length=16, default="supervised", help_text="supervised or dpo (spec.METHODS)"
+    )
+    # Lineage (jobs.services.core.lineage): the fine-tuned model this job continues, as the
+    # client named it, and the exact bytes it resolved to when the job was created.
+    parent_job = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    parent_model = models.CharField(max_length=500, blank=True, help_text="ft:… as requested")
+    parent_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the parent checkpoint's step; empty: its final adapter"
+    )
+    parent_key = models.CharField(max_length=500, blank=True, editable=False)
+    parent_sha256 = models.CharField(max_length=64, blank=True, editable=False)
     adapter = models.JSONField(help_text="spec.AdapterSpec as a dict, defaults filled in.")
     hyperparameters = models.JSONField(help_text="spec.Hyperparameters, defaults filled in.")
     seed = models.PositiveIntegerField(default=42)

@@ -121,7 +121,15 @@ def test_list_filters_by_metadata_and_pages_with_after(client, demo_dataset) -> 
 def test_unsupported_method_and_bad_fields_are_400s_naming_the_field(client, demo_dataset) -> None:
     training_file = _upload(client, demo_dataset)
     cases = [
-        ({"method": {"type": "dpo", "dpo": {}}}, "method.type"),
+        ({"method": {"type": "dpo", "dpo": {}}}, "training_file"),  # SFT data, not pairs
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"beta": 0.2}}}},
+            "method.supervised.hyperparameters.beta",
+        ),
+        (
+            {"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 3}}}},
+            "hyperparameters.beta",
+        ),
         ({"method": {"type": "reinforcement"}}, "method.type"),
         ({"hyperparameters": {"n_epochs": "many"}}, "hyperparameters.n_epochs"),
         ({"metadata": {"k": 1}}, "metadata.k"),

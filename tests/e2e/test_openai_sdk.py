@@ -337,3 +337,78 @@ def test_cancel_a_running_job_frees_the_node(
     with pytest.raises(openai.ConflictError) as caught:
         client.fine_tuning.jobs.cancel(job_id)
     assert caught.value.code == "job_not_cancellable"
+
+
+def _preference_pairs(demo_dataset: bytes) -> tuple[bytes, bytes]:
+    """OpenAI's DPO lines from the demo conversations: the preferred reply ends in "!", the
+    other in "." as the SFT data does; 48 to train on, 12 held out for validation."""
+    import json
+
+    lines = []
+    for raw in demo_dataset.splitlines():
+        *prompt, answer = json.loads(raw)["messages"]
+        lines.append(
+            json.dumps(
+                {
+                    "input": {"messages": prompt},
+                    "preferred_output": [
+                        {"role": "assistant", "content": answer["content"][:-1] + "!"}
+                    ],
+                    "non_preferred_output": [answer],
+                }
+            ).encode()
+        )
+    return b"\n".join(lines[12:]) + b"\n", b"\n".join(lines[:12]) + b"\n"
+
+
+def test_sft_then_dpo_on_top_of_its_fine_tuned_model(
+    client, plane, start_node, demo_dataset, tiny_model_dir
+) -> None:
+    """The path OpenAI's users take: a supervised job, then a DPO job whose model is the first
+    one's fine_tuned_model, through the official SDK and a real node."""
+    node = _node(start_node, "node-sdk-dpo")
+    sft_id = _create(client, str(tiny_model_dir), _upload(client, demo_dataset, plane),
+                     n_epochs=2).id  # fmt: skip
+    sft = _wait_status(client, sft_id, "succeeded", TRAIN_TIMEOUT, node, plane)
+    pairs, held_out = _preference_pairs(demo_dataset)
+    with pytest.raises(openai.BadRequestError) as caught:  # pairs are not SFT data
+        _create(client, str(tiny_model_dir), _upload(client, pairs, plane), n_epochs=1)
+    assert caught.value.param == "training_file"
+
+    created = client.fine_tuning.jobs.create(
+        model=str(sft.fine_tuned_model),
+        training_file=_upload(client, pairs, plane),
+        validation_file=_upload(client, held_out, plane),
+        method={
+            "type": "dpo",
+            "dpo": {
+                "hyperparameters": {"beta": 0.5, "n_epochs": 2, "learning_rate_multiplier": 10}
+            },
+        },
+        extra_body={
+            "target": "local",
+            "hyperparameters": {
+                "max_seq_length": 128,
+                "warmup_ratio": 0.0,
+                "gradient_checkpointing": False,
+            },
+        },
+    )
+
+    assert created.model == sft.fine_tuned_model and created.method.type == "dpo"
+    assert created.method.dpo and created.method.dpo.hyperparameters
+    assert created.method.dpo.hyperparameters.beta == 0.5
+    assert (created.model_extra or {})["parent"]["job_id"] == sft_id
+    dpo = _wait_status(client, created.id, "succeeded", TRAIN_TIMEOUT, node, plane)
+    assert dpo.fine_tuned_model and dpo.fine_tuned_model != sft.fine_tuned_model
+
+    steps = _metrics(_events(client, dpo.id))
+    assert steps and all("rewards/accuracies" in s and "rewards/margins" in s for s in steps)
+    assert steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]
+    (checkpoint,) = client.fine_tuning.jobs.checkpoints.list(dpo.id)
+    assert checkpoint.metrics.train_loss is not None and checkpoint.metrics.valid_loss is not None
+    metrics_id = next(f for f in dpo.result_files if f.startswith("file-metrics-"))
+    rows = list(csv.DictReader(io.StringIO(client.files.content(metrics_id).read().decode())))
+    assert [r for r in rows if r["train_loss"]] and [r for r in rows if r["valid_loss"]]
+    (whole,) = [r for r in rows if r["full_valid_loss"]]
+    assert float(whole["full_valid_loss"]) < 0.6931, "below the loss of a coin toss"

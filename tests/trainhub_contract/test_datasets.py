@@ -29,6 +29,16 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "c
 ALPACA = {"instruction": "Add", "input": "1 2", "output": "3"}
 PC = {"prompt": "2+2=", "completion": "4"}
 TEXT = {"text": "Once upon a time."}
+# OpenAI's DPO line: the conversation so far, then one preferred and one non-preferred reply.
+PAIR = {
+    "input": {"messages": [{"role": "user", "content": "Hi"}]},
+    "preferred_output": [{"role": "assistant", "content": "Hello! How can I help?"}],
+    "non_preferred_output": [{"role": "assistant", "content": "What."}],
+}
+
+
+def pair(**changes: Any) -> dict[str, Any]:
+    return {**PAIR, **changes}
 
 
 def jsonl(*records: Any) -> bytes:
@@ -54,6 +64,9 @@ def lines_of(report: DatasetReport) -> list[int]:
         ({**PC, **ALPACA, **TEXT}, "prompt_completion"),
         ({**ALPACA, **TEXT}, "alpaca"),
         ({"instruction": "x", "text": "t"}, "text"),
+        (PAIR, "preference"),
+        ({"input": {}, "non_preferred_output": []}, "preference"),  # then its checks explain
+        ({"input": {"messages": []}}, None),
         ({"prompt": "x"}, None),
         ({}, None),
     ],
@@ -62,7 +75,7 @@ def test_detect_format(record: dict[str, Any], fmt: str | None) -> None:
     assert detect_format(record) == fmt
 
 
-@pytest.mark.parametrize("record", [CHAT, ALPACA, PC, TEXT])
+@pytest.mark.parametrize("record", [CHAT, ALPACA, PC, TEXT, PAIR])
 def test_each_format_validates(record: dict[str, Any]) -> None:
     report = validate_jsonl([jsonl(record, record)])
     assert report.ok, report.errors
@@ -138,6 +151,19 @@ def test_format_is_set_by_first_valid_line() -> None:
         ({"prompt": "x", "completion": ""}, "completion must be a non-empty string"),
         ({"text": ""}, "text must be a non-empty string"),
         ({"text": None}, "text must be a non-empty string"),
+        (pair(input=[]), "input must be an object with messages"),
+        (pair(input={"messages": []}), "input.messages must be a non-empty list"),
+        (pair(input={"messages": [{"role": "bot", "content": "x"}]}), "input.messages[0]"),
+        (pair(input={"messages": [{"role": "user", "content": 1}]}), "input.messages[0].content"),
+        (pair(input={**PAIR["input"], "system": "x"}), "input.system is not a known field"),
+        (pair(input={**PAIR["input"], "tools": {}}), "input.tools must be a list"),
+        ({k: v for k, v in PAIR.items() if k != "non_preferred_output"}, "non_preferred_output must be a list of exactly one"),
+        (pair(preferred_output=PAIR["preferred_output"] * 2), "preferred_output must be a list of exactly one"),
+        (pair(preferred_output={"role": "assistant", "content": "x"}), "preferred_output must be a list"),
+        (pair(preferred_output=[{"role": "user", "content": "x"}]), 'preferred_output[0].role must be "assistant"'),
+        (pair(non_preferred_output=[{"role": "assistant", "content": " "}]), "non_preferred_output[0].content must be a non-empty string"),
+        (pair(preferred_output=[{"role": "assistant", "content": "x", "weight": 1}]), "takes no weight"),
+        (pair(non_preferred_output=PAIR["preferred_output"]), "are the same reply"),
         ('{"text": NaN}', "invalid JSON"),
         ('{"text": "a"', "invalid JSON"),
         ("[" * 100_000, "invalid JSON"),

@@ -24,11 +24,13 @@ from jobs.services.accounts.targets import target_problem
 from jobs.services.core.attempts import attempt_live, attempt_request_stop
 from jobs.services.core.events import event_append
 from jobs.services.core.job_request import native_job_request, parse_metadata
+from jobs.services.core.lineage import inherited_adapter, is_fine_tuned_name, resolve_parent
 from jobs.services.core.retention import storage_forget
 from jobs.services.core.status import job_transition
 from jobs.states import LIVE, TERMINAL, JobCapacity, JobStatus
 from providers import registry
 from trainhub_contract import spec
+from trainhub_contract.dataset_formats import PREFERENCE
 
 S = JobStatus
 # Preemptions of spot machines that do not count against max_attempts (per manual retry).
@@ -161,12 +163,18 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
             f"Unknown field '{unknown[0]}'; accepted fields: {', '.join(JOB_FIELDS)}.", unknown[0]
         )
     data = native_job_request(data)
+    parent = (
+        resolve_parent(project, data["model"]) if is_fine_tuned_name(data.get("model")) else None
+    )
     try:
-        model = spec.validate_model_name(data.get("model"))
-        adapter = spec.parse_adapter(data.get("adapter"))
+        model = spec.validate_model_name(parent.job.model if parent else data.get("model"))
+        adapter = spec_to_json(spec.parse_adapter(data.get("adapter")))
         hyper = spec.parse_hyperparameters(data.get("hyperparameters"))
     except spec.SpecError as exc:
         raise _param_error(exc.message, exc.param or "body") from None
+    if parent is not None:
+        requested = data.get("adapter") or {}
+        adapter = inherited_adapter(parent, {k: adapter[k] for k in requested})
     if not _model_allowed(model):
         raise _param_error(
             f"Model '{model}' is not available on this installation "
@@ -178,14 +186,24 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(suffix, str) or len(suffix) > 64:
         raise _param_error("suffix must be a string of at most 64 characters.", "suffix")
     validation_id = data.get("validation_file")
+    training_file = _project_file(project, data.get("training_file"), "training_file")
+    validation_file = (
+        _project_file(project, validation_id, "validation_file")
+        if validation_id is not None
+        else None
+    )
+    for param, found in (("training_file", training_file), ("validation_file", validation_file)):
+        problem = method_file_problem(data["method"], found)
+        if problem:
+            raise _param_error(problem, param, "invalid_file")
     parsed: dict[str, Any] = {
         "model": model,
-        "adapter": spec_to_json(adapter),
+        "method": data["method"],
+        **(parent.fields() if parent else {}),
+        "adapter": adapter,
         "hyperparameters": spec_to_json(hyper),
-        "training_file": _project_file(project, data.get("training_file"), "training_file"),
-        "validation_file": _project_file(project, validation_id, "validation_file")
-        if validation_id is not None
-        else None,
+        "training_file": training_file,
+        "validation_file": validation_file,
         "seed": _int_field(data, "seed", 42, 0, 2**31 - 1),
         "suffix": suffix,
         "target": _check_target(project, data.get("target", registry.OWN_FLEET_TARGET)),
@@ -222,6 +240,25 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
             "capacity",
         )
     return parsed
+
+
+def method_file_problem(method: str, found: TrainingFile | None) -> str | None:
+    """Why ``found`` cannot be trained on by a ``method`` job (a dpo job takes preference
+    pairs, a supervised one anything else); None when it can or is not validated yet (the
+    check runs again when it is: job_advance_validation)."""
+    if found is None or found.status != TrainingFile.Status.PROCESSED or not found.format:
+        return None
+    if (found.format == PREFERENCE) == (method == "dpo"):
+        return None
+    wanted = (
+        "preference pairs ({input: {messages}, preferred_output, non_preferred_output})"
+        if method == "dpo"
+        else "supervised examples (messages, prompt/completion, alpaca or text)"
+    )
+    return (
+        f"File '{found.public_id}' is in the {found.format} format (its first example and every "
+        f"other); a {method} job trains on {wanted}."
+    )
 
 
 def spec_to_json(value: spec.AdapterSpec | spec.Hyperparameters) -> dict[str, Any]:
@@ -325,7 +362,10 @@ def job_advance_validation(*, job: TrainingJob) -> None:
     for f in files:
         f.refresh_from_db(fields=["status", "error_count"])
     bad = next((f for f in files if f.status == TrainingFile.Status.ERROR), None)
-    if bad is not None:
+    mismatch = next((p for f in files if (p := method_file_problem(job.method, f))), None)
+    if mismatch is not None:
+        job_transition(job=job, to=S.FAILED, error_code="invalid_dataset", message=mismatch)
+    elif bad is not None:
         job_transition(
             job=job,
             to=S.FAILED,
@@ -489,6 +529,13 @@ def job_delete(*, job: TrainingJob, actor: Actor = SYSTEM) -> None:
         raise Conflict(
             f"Job {job.public_id} is {job.status}; cancel it before deleting.",
             code="job_not_terminal",
+        )
+    child = job.children.exclude(status__in=TERMINAL).first()
+    if child is not None:  # its attempts download this job's adapter
+        raise Conflict(
+            f"Job {child.public_id} is training on top of {job.public_id} ({child.status}); "
+            "delete this job once it has finished.",
+            code="job_has_live_children",
         )
     with transaction.atomic():
         storage_forget(key=storage.job_prefix(job.project_id, job.public_id), reason="job deleted")

@@ -5,9 +5,10 @@
   ever promoted, however long the URL itself stays valid.
 - Everything else — every attempt's checkpoints (uploaded and sealed), unverified bundles
   (attempts that failed, quarantined uploads), uploads that arrived after a seal — is deleted
-  once the job finished: at once when it succeeded (nothing resumes from them), after
-  ``TRAINHUB_CHECKPOINT_RETENTION_SECONDS`` when it failed or was cancelled (a retry resumes
-  from the newest checkpoint; an operator may inspect a quarantined upload).
+  ``TRAINHUB_CHECKPOINT_RETENTION_SECONDS`` after the job finished: a retry of a failed or
+  cancelled job resumes from its newest checkpoint, a new job may train on from a checkpoint
+  of any finished job (its ``fine_tuned_model_checkpoint``, jobs.services.core.lineage), and an
+  operator may inspect a quarantined upload.
 - Deleting a job or a file writes a :class:`StorageDeletion` in the same transaction; its
   objects are deleted on commit and again by every sweep until all URLs that could still write
   there have expired, so a crash or a late upload leaves nothing behind.
@@ -27,7 +28,7 @@ from django.utils import timezone
 from jobs import storage
 from jobs.models import StorageDeletion, TrainingJob
 from jobs.services.outbox import messages
-from jobs.states import TERMINAL, JobStatus
+from jobs.states import TERMINAL
 
 log = logging.getLogger(__name__)
 # Jobs looked at per sweep; the rest wait for the next one.
@@ -90,9 +91,7 @@ def storage_sweep(*, now: datetime | None = None) -> SweepReport:
 
 def _jobs_due(now: datetime) -> QuerySet[TrainingJob]:
     grace = timedelta(seconds=settings.TRAINHUB_CHECKPOINT_RETENTION_SECONDS)
-    finished = Q(status=JobStatus.SUCCEEDED, finished_at__lte=now) | Q(
-        status__in=[JobStatus.FAILED, JobStatus.CANCELLED], finished_at__lte=now - grace
-    )
+    finished = Q(status__in=list(TERMINAL), finished_at__lte=now - grace)
     not_swept = Q(storage_swept_at__isnull=True) | Q(storage_swept_at__lt=F("finished_at"))
     return TrainingJob.objects.filter(finished, not_swept)
 

@@ -73,6 +73,13 @@ def attempt_spec(
         "hyperparameters": _executor_hyperparameters(job.hyperparameters),
         "seed": job.seed,
         "max_runtime_seconds": job.max_runtime_seconds,
+        # Both only where they differ from what executors before them did (see below).
+        **({"method": job.method} if job.method != "supervised" else {}),
+        **(
+            {"parent_adapter": {"url": url(job.parent_key, "GET"), "sha256": job.parent_sha256}}
+            if job.parent_key
+            else {}
+        ),
         "report": {
             "sinks": sinks if sinks is not None else [{"type": "http"}],
             # Several heartbeats per lease, so one lost message never costs the attempt.
@@ -91,7 +98,7 @@ def attempt_spec(
 # Hyperparameters added to the spec later than others, with the value an executor that does
 # not know them uses: left out at that value, so a node still running an older executor (which
 # refuses fields it does not know) takes the job as before.
-_NEWER_WITH_DEFAULT: dict[str, object] = {"packing": True, "eval_interval": 0}
+_NEWER_WITH_DEFAULT: dict[str, object] = {"packing": True, "eval_interval": 0, "beta": 0.1}
 
 
 def _executor_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Retention on both backends: the adapter and the seal markers live as long as their job;
-every attempt's checkpoints and unverified bundles of finished jobs go (at once after success,
-after the grace period otherwise); deleted jobs lose every object, including ones a late upload
+every attempt's checkpoints and unverified bundles of finished jobs go after the grace period
+(a retry resumes from them, a new job may train on from a checkpoint); deleted jobs lose every object, including ones a late upload
 puts back."""
 
 from __future__ import annotations
@@ -45,13 +45,16 @@ def markers(job: TrainingJob) -> set[str]:
     return {key for key in keys(job) if storage.is_seal_marker(key)}
 
 
-def test_succeeded_job_keeps_only_its_adapter(ingested) -> None:
+def test_succeeded_job_keeps_only_its_adapter_after_the_grace_period(ingested, settings) -> None:
+    settings.TRAINHUB_CHECKPOINT_RETENTION_SECONDS = 3 * 24 * 3600
     job, artifact, bundle = ingested
-    leftovers(job)
+    made = leftovers(job)
     assert len(markers(job)) == 2  # the adapter's, and attempt 7's checkpoint's
     assert len(keys(job)) == 2 + 4
 
-    report = storage_sweep()
+    assert storage_sweep(now=timezone.now() + 2 * DAY).jobs_swept == 0
+    assert made <= keys(job), "a checkpoint may still be trained on"
+    report = storage_sweep(now=timezone.now() + 4 * DAY)
 
     # The markers stay: the upload URLs they close may still be valid.
     assert keys(job) == {artifact.storage_key} | markers(job)
@@ -60,7 +63,7 @@ def test_succeeded_job_keeps_only_its_adapter(ingested) -> None:
     assert (report.jobs_swept, report.objects_deleted) == (1, 3)
     job.refresh_from_db()
     assert job.storage_swept_at is not None
-    assert storage_sweep().jobs_swept == 0, "a swept job is not looked at again"
+    assert storage_sweep(now=timezone.now() + 5 * DAY).jobs_swept == 0, "swept once"
 
 
 def test_failed_job_keeps_its_checkpoint_for_the_grace_period(make_job, settings, sent) -> None:
