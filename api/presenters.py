@@ -160,6 +160,14 @@ def job_json(j: TrainingJob) -> dict[str, Any]:
         "method": {"type": j.method, j.method: {"hyperparameters": hyper}},
         "hyperparameters": hyper,
         "adapter": j.adapter,
+        "evals": {
+            "file": j.evals_file.public_id,
+            "grader": j.grader,
+            "max_tokens": j.eval_max_tokens,
+        }
+        if j.evals_file
+        else None,
+        "checkpoint_selection": j.checkpoint_selection,
         "seed": j.seed,
         "suffix": j.suffix or None,
         "user_provided_suffix": j.suffix or None,
@@ -235,6 +243,7 @@ VALIDATION_METRICS = (
     "valid_mean_token_accuracy",
     "full_valid_loss",
     "full_valid_mean_token_accuracy",
+    "eval_score",  # the job's grader on its evals (gpu_worker.grading)
 )
 
 

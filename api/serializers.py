@@ -214,6 +214,22 @@ class StringMap(s.JSONField):
     pass
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["file", "grader"],
+        "properties": {
+            "file": {"type": "string", "description": "file-… in the eval format"},
+            "grader": {"type": "object", "description": "string_check or text_similarity"},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024},
+        },
+    }
+)
+class EvalsIn(s.JSONField):
+    pass
+
+
 class JobCreate(Body):
     model = s.CharField(
         help_text="Hub id (owner/name), an absolute path the operator allows, or a "
@@ -246,6 +262,12 @@ class JobCreate(Body):
     max_runtime_seconds = s.IntegerField(required=False, min_value=60, max_value=604800)
     max_attempts = s.IntegerField(required=False, min_value=1, max_value=10)
     priority = s.IntegerField(required=False, min_value=-100, max_value=100)
+    evals = EvalsIn(required=False, help_text="graded checkpoints: items, grader, max_tokens")
+    checkpoint_selection = _enum(
+        ["last", "best_valid_loss", "best_eval"],
+        required=False,
+        help_text="which checkpoint becomes the adapter (default last)",
+    )
 
 
 class JobError(Body):
@@ -281,6 +303,8 @@ class Job(Body):
     method = Method()
     hyperparameters = Hyperparameters()
     adapter = AnyObject()
+    evals = AnyObject(allow_null=True, help_text="{file, grader, max_tokens}")
+    checkpoint_selection = _enum(["last", "best_valid_loss", "best_eval"])
     seed = s.IntegerField()
     suffix = s.CharField(allow_null=True)
     user_provided_suffix = s.CharField(allow_null=True)
@@ -340,6 +364,7 @@ class CheckpointMetrics(Body):
     full_valid_mean_token_accuracy = s.FloatField(allow_null=True)
     learning_rate = s.FloatField(allow_null=True)
     epoch = s.FloatField(allow_null=True)
+    eval_score = s.FloatField(allow_null=True, help_text="the job's grader on its evals")
 
 
 class Checkpoint(Body):

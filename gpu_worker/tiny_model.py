@@ -22,6 +22,10 @@ from gpu_worker.formatting import ALPACA_TEMPLATE, ALPACA_TEMPLATE_NO_INPUT
 
 # The bundled demo chat data: the tokenizer is trained on it, and the demo and tests train on it.
 DEMO_DATASET_PATH = Path(__file__).parent / "data" / "demo_chat.jsonl"
+# The same conversations as DPO pairs (the preferred reply ends in "!", the other as above in
+# "."), and the first 12 questions as eval items with their answers as references.
+DEMO_PREFERENCE_PATH = DEMO_DATASET_PATH.with_name("demo_preference.jsonl")
+DEMO_EVALS_PATH = DEMO_DATASET_PATH.with_name("demo_evals.jsonl")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 VOCAB_SIZE = 512
 MAX_POSITIONS = 512

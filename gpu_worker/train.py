@@ -54,6 +54,7 @@ from gpu_worker.formatting import (
     FormatStats,
     encode_examples,
 )
+from gpu_worker.grading import GradedCheckpoints, eval_items
 from gpu_worker.packaging import final_metrics, package_adapter
 from gpu_worker.preference import encode_preference
 from gpu_worker.trainer import (
@@ -238,6 +239,10 @@ def _run(
         if spec.validation_dataset is not None
         else None
     )
+    eval_set = []
+    if spec.evals is not None:  # checked now, before the model is loaded
+        items = _fetch_dataset(spec.evals.ref, run_dir / "data" / "evals.jsonl", "evals", stop)
+        eval_set = eval_items(items, spec.evals)
     reporter.log(f"Downloaded the dataset: {len(records)} examples ({spec.dataset.format}).")
     stop.raise_if_stopped("while downloading")
 
@@ -268,6 +273,22 @@ def _run(
             eval_records, spec.validation_dataset, tokenizer, max_len, "validation", reporter
         )
 
+    graded = (
+        GradedCheckpoints(
+            evals=spec.evals,
+            items=eval_set,
+            tokenizer=tokenizer,
+            selection=spec.checkpoint_selection,
+            reporter=reporter,
+            batch_size=spec.hyperparameters.batch_size,
+        )
+        if spec.evals is not None or spec.checkpoint_selection != "last"
+        else None
+    )
+    if graded is not None and resume_dir is not None:
+        graded.resume(resume_dir)
+    elif graded is not None:  # the model the job starts from: what training should beat
+        graded.grade(model, 0, "before training")
     trainer, callback = build_trainer(
         spec,
         model,
@@ -288,6 +309,7 @@ def _run(
             start_step=resume_step,
             asked=watcher.checkpoint_asked if watcher is not None else None,
         ),
+        graded=graded,
     )
     reporter.status(
         Outcome.RUNNING,
@@ -298,10 +320,17 @@ def _run(
     step = trainer.state.global_step
     if callback.stop_reason is not None:
         stop.raise_if_stopped("during training", step=step)
+    chosen = None
+    if graded is not None:
+        if graded.evaluates_at_checkpoints and eval_examples and step not in _sample_steps(trainer):
+            trainer.evaluate()  # the last step's valid_loss, beside the checkpoints'
+        chosen = graded.finish(model, step)
     full_valid = evaluate_whole(trainer, eval_examples)
 
     metrics = final_metrics(spec, backend, trainer, train_output, stats, callback, resume_step)
     metrics.update(full_valid)
+    if chosen is not None:
+        metrics.update(selected_step=chosen.step, selected_adapter_sha256=chosen.adapter_sha256)
     if metrics["first_loss"] is not None:
         reporter.log(
             f"Trained {step} steps: loss {metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}.",
@@ -327,6 +356,11 @@ def _run(
         manifest=manifest,
         metrics=metrics,
     )
+
+
+def _sample_steps(trainer: Any) -> set[int]:
+    """The steps the validation sample was evaluated at, from the Trainer's log."""
+    return {e["step"] for e in trainer.state.log_history if "eval_loss" in e}
 
 
 def _check_method(spec: JobSpec) -> None:

@@ -22,6 +22,7 @@ from gpu_worker.errors import (
     ExecutorError,
     Preempted,
 )
+from gpu_worker.grading import GradedCheckpoints
 from gpu_worker.packing import choose_batching
 from gpu_worker.preference import PREFERENCE_METRICS, attach_reference, dpo_trainer
 from gpu_worker.token_accuracy import accuracy_trainer
@@ -103,10 +104,15 @@ class StopGuard:
 
 
 def make_callback(
-    reporter: Reporter, stop: StopGuard, checkpointer: checkpoints.Checkpointer, counter: Any
+    reporter: Reporter,
+    stop: StopGuard,
+    checkpointer: checkpoints.Checkpointer,
+    counter: Any,
+    graded: GradedCheckpoints | None = None,
 ) -> Any:
     """``counter``: the run's token counter (gpu_worker.token_counts), registered before this
-    callback so that its totals are current when this one reads them."""
+    callback so that its totals are current when this one reads them. ``graded``: the job's
+    evals and checkpoint selection (gpu_worker.grading), when it has either."""
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
     class ExecutorCallback(TrainerCallback):
@@ -128,6 +134,10 @@ def make_callback(
         ) -> None:
             # After a resume the counter already holds the earlier attempts' tokens.
             self._t, self._last = time.monotonic(), counter.session_start
+            if graded is not None:  # points to choose from: a checkpoint every eval interval
+                every = state.eval_steps or args.eval_steps or AUTO_EVAL_FRACTION
+                steps = math.ceil(state.max_steps * every) if every < 1 else int(every)
+                checkpointer.every_steps = max(1, min(checkpointer.every_steps, steps))
 
         def on_log(
             self,
@@ -158,6 +168,8 @@ def make_callback(
                     **{name: float(logs[name]) for name in PREFERENCE_METRICS if name in logs},
                 )
             if "eval_loss" in logs:
+                if graded is not None:
+                    graded.note_valid_loss(state.global_step, float(logs["eval_loss"]))
                 reporter.log(
                     f"Validation loss {logs['eval_loss']:.4f} at step {state.global_step}"
                     + _accuracy_note(logs.get("eval_mean_token_accuracy"))
@@ -206,6 +218,9 @@ def make_callback(
                 state.global_step, state.max_steps
             ):
                 control.should_save = True
+                # The Trainer evaluates before it saves: the checkpoint's own valid_loss.
+                if graded is not None and graded.evaluates_at_checkpoints:
+                    control.should_evaluate = args.eval_strategy != "no"
             return control
 
         def on_substep_end(
@@ -240,6 +255,10 @@ def make_callback(
             if args.output_dir is None:  # build_trainer always sets one
                 raise RuntimeError("TrainingArguments.output_dir is unset: no checkpoint to ship")
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if graded is not None:  # a pause or preemption saves without waiting for answers
+                graded.at_checkpoint(
+                    kwargs["model"], state.global_step, folder, grade=stop.reason is None
+                )
             checkpointer.ship(folder, state.global_step)
             return control
 
@@ -294,6 +313,7 @@ def build_trainer(
     stop: StopGuard,
     extra_callbacks: Iterable[Any],
     checkpointer: checkpoints.Checkpointer,
+    graded: GradedCheckpoints | None = None,
 ) -> tuple[Any, Any]:
     """The Trainer for this run and its :func:`make_callback` callback. ``max_len``: the
     sequence length examples were truncated to, also the length of a packed row."""
@@ -334,7 +354,7 @@ def build_trainer(
         fp16=precision["fp16"],
     )
     counter = make_token_counter()
-    callback = make_callback(reporter, stop, checkpointer, counter)
+    callback = make_callback(reporter, stop, checkpointer, counter, graded)
     callback.batching = batching.mode
     loop = dpo_trainer(Trainer, hp.beta) if dpo else accuracy_trainer(Trainer)
     trainer = counting_trainer(loop, counter)(

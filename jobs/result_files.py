@@ -39,6 +39,7 @@ CSV_COLUMNS = (
     "epoch",
     "tokens_per_second",
     "trained_tokens",
+    "eval_score",
 )
 
 
@@ -118,6 +119,8 @@ def validation_metrics(data: dict[str, object]) -> dict[str, object]:
         }
     if "full_valid_loss" in data:
         return {k: data.get(k) for k in ("full_valid_loss", "full_valid_mean_token_accuracy")}
+    if "eval_score" in data:  # graded checkpoints: the job's grader on its evals
+        return {"eval_score": data.get("eval_score")}
     return {}
 
 

@@ -95,7 +95,7 @@ def one_by_id(
 
 def job_get(*, project: Project, job_id: str) -> TrainingJob:
     rows = TrainingJob.objects.select_related(
-        "project", "training_file", "validation_file", "parent_job"
+        "project", "training_file", "validation_file", "evals_file", "parent_job"
     )
     return one_by_id(
         rows.filter(project=project),
@@ -131,7 +131,7 @@ def job_list(
     metadata: Mapping[str, str] | None = None,
 ) -> tuple[list[TrainingJob], bool]:
     qs = TrainingJob.objects.select_related(
-        "project", "training_file", "validation_file", "parent_job"
+        "project", "training_file", "validation_file", "evals_file", "parent_job"
     ).filter(project=project)
     for i, (key, value) in enumerate((metadata or {}).items()):
         # A key transform per pair (not JSON containment, which SQLite lacks); any key works.
@@ -208,10 +208,12 @@ def _metrics_before(checkpoint: JobEvent) -> dict[str, Any]:
     logs = events.filter(type="log")
     sample = _newest_at_or_before(logs.filter(data__has_key="eval_loss"), step)
     whole = _newest_at_or_before(logs.filter(data__has_key="full_valid_loss"), step)
+    graded = _newest_at_or_before(logs.filter(data__has_key="eval_score"), step)
     return {
         **(metrics or {}),
         **result_files.validation_metrics(sample or {}),
         **result_files.validation_metrics(whole or {}),
+        **result_files.validation_metrics(graded or {}),
     }
 
 

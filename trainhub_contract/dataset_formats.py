@@ -7,15 +7,17 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-FORMATS = ("messages", "alpaca", "prompt_completion", "text", "preference")
-# The supervised formats; ``preference`` (OpenAI's DPO shape) is what a dpo job trains on.
+FORMATS = ("messages", "alpaca", "prompt_completion", "text", "preference", "eval")
+# The supervised formats; ``preference`` (OpenAI's DPO shape) is what a dpo job trains on;
+# ``eval`` (a conversation to answer and reference fields) is what a job's graders score.
 SUPERVISED_FORMATS = FORMATS[:4]
-PREFERENCE = "preference"
+PREFERENCE, EVAL = "preference", "eval"
 ROLES = ("system", "user", "assistant", "tool")
 SHAPES = (
     'accepted shapes: {"messages": [...]}, {"prompt": ..., "completion": ...}, '
     '{"instruction": ..., "output": ...} (optional "input"), {"text": ...}; for dpo: '
-    '{"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}'
+    '{"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}; '
+    'for evals: {"input": {"messages": [...]}, "reference": ...}'
 )
 
 
@@ -38,6 +40,8 @@ def detect_format(record: dict[str, Any]) -> str | None:
         return "alpaca"
     if "text" in record:
         return "text"
+    if "input" in record:
+        return EVAL
     return None
 
 
@@ -106,9 +110,9 @@ def _check_output(record: dict[str, Any], name: str) -> tuple[str | None, list[s
     return None, [str(content)]
 
 
-def _check_preference(record: dict[str, Any]) -> tuple[str | None, list[str]]:
-    """OpenAI's DPO line: ``input`` (messages, optional tools) and one preferred and one
-    non-preferred assistant reply to it."""
+def _check_input(record: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """``input``: the conversation so far (messages, optional tools), as OpenAI shapes it for
+    DPO and evals."""
     prompt = record.get("input")
     if not isinstance(prompt, dict) or "messages" not in prompt:
         return "input must be an object with messages (the conversation so far)", []
@@ -132,6 +136,14 @@ def _check_preference(record: dict[str, Any]) -> tuple[str | None, list[str]]:
             return f"{where}.content must be a string (null only for assistant tool_calls)", []
     if "tools" in prompt and not isinstance(prompt["tools"], list):
         return "input.tools must be a list when present", []
+    return None, texts
+
+
+def _check_preference(record: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """OpenAI's DPO line: ``input`` and one preferred and one non-preferred assistant reply."""
+    error, texts = _check_input(record)
+    if error:
+        return error, []
     for name in ("preferred_output", "non_preferred_output"):
         error, said = _check_output(record, name)
         if error:
@@ -140,6 +152,21 @@ def _check_preference(record: dict[str, Any]) -> tuple[str | None, list[str]]:
     if record["preferred_output"] == record["non_preferred_output"]:
         return "preferred_output and non_preferred_output are the same reply", []
     return None, texts
+
+
+def _check_eval(record: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """An eval item: ``input`` to answer, and string fields a grader's ``{{item.<field>}}``
+    names (``reference``, say)."""
+    error, texts = _check_input(record)
+    if error:
+        return error, []
+    fields = {k: v for k, v in record.items() if k != "input"}
+    if not fields:
+        return 'an eval line needs a reference field beside input (e.g. "reference": "...")', []
+    for key, value in fields.items():
+        if not isinstance(value, str):
+            return f"{key} must be a string (a reference a grader compares the answer with)", []
+    return None, [*texts, *fields.values()]
 
 
 def _check_prompt_completion(record: dict[str, Any]) -> tuple[str | None, list[str]]:
@@ -172,6 +199,7 @@ _CHECKS: dict[str, Callable[[dict[str, Any]], tuple[str | None, list[str]]]] = {
     "alpaca": _check_alpaca,
     "text": _check_text,
     PREFERENCE: _check_preference,
+    EVAL: _check_eval,
 }
 
 

@@ -25,15 +25,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainhub_contract.graders import Grader, GraderError, parse_grader
 from trainhub_contract.spec_schema import (
     ADAPTER_SCHEMA,
     ADAPTER_TYPES,
     ADAPTER_VALIDATOR,
     ALL_LINEAR,
+    CHECKPOINT_SELECTIONS,
     HYPERPARAMETERS_SCHEMA,
     HYPERPARAMETERS_VALIDATOR,
     JOB_SPEC_SCHEMA,
     JOB_SPEC_VALIDATOR,
+    MAX_EVAL_TOKENS,
     MAX_RUNTIME_LIMIT_SECONDS,
     METHODS,
     PREEMPTION_NOTICES,
@@ -48,11 +51,14 @@ __all__ = [
     "ADAPTER_SCHEMA",
     "ADAPTER_TYPES",
     "ALL_LINEAR",
+    "CHECKPOINT_SELECTIONS",
+    "DEFAULT_EVAL_TOKENS",
     "DEFAULT_MAX_RUNTIME_SECONDS",
     "DEFAULT_SEED",
     "DEFAULT_TARGET_MODULES",
     "HYPERPARAMETERS_SCHEMA",
     "JOB_SPEC_SCHEMA",
+    "MAX_EVAL_TOKENS",
     "MAX_RUNTIME_LIMIT_SECONDS",
     "METHODS",
     "PREEMPTION_NOTICES",
@@ -60,6 +66,7 @@ __all__ = [
     "SUPPORTED_SPEC_VERSIONS",
     "AdapterSpec",
     "DatasetRef",
+    "Evals",
     "Hyperparameters",
     "JobSpec",
     "Outputs",
@@ -78,6 +85,7 @@ DEFAULT_TARGET_MODULES: tuple[str, ...] = (
 # fmt: on
 DEFAULT_SEED = 42
 DEFAULT_MAX_RUNTIME_SECONDS = 24 * 3600
+DEFAULT_EVAL_TOKENS = 64  # greedy answers to eval items stop here
 
 
 # --- dataclasses ----------------------------------------------------------------------------
@@ -163,6 +171,31 @@ class ParentAdapter:
 
 
 @dataclass(frozen=True)
+class Evals:
+    """Items to answer at every saved checkpoint (and before training) and the grader that
+    scores the answers (trainhub_contract.graders): a JSONL file in the ``eval`` format."""
+
+    url: str
+    sha256: str
+    grader: Grader
+    grader_json: dict[str, Any]
+    max_tokens: int = DEFAULT_EVAL_TOKENS
+
+    @property
+    def ref(self) -> DatasetRef:
+        """The items as a dataset the executor downloads and checks like the others."""
+        return DatasetRef(url=self.url, sha256=self.sha256, format="eval")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "sha256": self.sha256,
+            "grader": copy.deepcopy(self.grader_json),
+            "max_tokens": self.max_tokens,
+        }
+
+
+@dataclass(frozen=True)
 class Outputs:
     """Signed URLs for this attempt: the artifact PUT, the (overwritten) checkpoint slot, and
     an optional checkpoint to resume from."""
@@ -207,6 +240,8 @@ class JobSpec:
     preemption_notice: str | None = None
     method: str = "supervised"
     parent_adapter: ParentAdapter | None = None
+    evals: Evals | None = None
+    checkpoint_selection: str = "last"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict that :func:`parse_job_spec` turns back into an equal spec."""
@@ -231,6 +266,12 @@ class JobSpec:
             **({"preemption_notice": self.preemption_notice} if self.preemption_notice else {}),
             **({"method": self.method} if self.method != "supervised" else {}),
             **({"parent_adapter": self.parent_adapter.to_dict()} if self.parent_adapter else {}),
+            **({"evals": self.evals.to_dict()} if self.evals else {}),
+            **(
+                {"checkpoint_selection": self.checkpoint_selection}
+                if self.checkpoint_selection != "last"
+                else {}
+            ),
         }
 
 
@@ -345,4 +386,20 @@ def parse_job_spec(data: object) -> JobSpec:
         parent_adapter=ParentAdapter(**data["parent_adapter"])
         if "parent_adapter" in data
         else None,
+        evals=_evals(data["evals"]) if "evals" in data else None,
+        checkpoint_selection=data.get("checkpoint_selection", "last"),
+    )
+
+
+def _evals(data: dict[str, Any]) -> Evals:
+    try:
+        grader = parse_grader(data["grader"])
+    except GraderError as exc:
+        raise SpecError(f"evals.{exc.param}: {exc.message}", f"evals.{exc.param}") from exc
+    return Evals(
+        url=data["url"],
+        sha256=data["sha256"],
+        grader=grader,
+        grader_json=copy.deepcopy(data["grader"]),
+        max_tokens=int(data.get("max_tokens", DEFAULT_EVAL_TOKENS)),
     )

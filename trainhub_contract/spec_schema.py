@@ -21,6 +21,9 @@ ALL_LINEAR = "all-linear"
 PREEMPTION_NOTICES = ("aws",)
 # How a job trains: supervised (SFT) or dpo (direct preference optimization).
 METHODS = ("supervised", "dpo")
+# Which saved checkpoint becomes the job's adapter (gpu_worker.grading).
+CHECKPOINT_SELECTIONS = ("last", "best_valid_loss", "best_eval")
+MAX_EVAL_TOKENS = 1024
 # Signed URLs are issued per attempt with a TTL covering max_runtime; S3 caps presigned URLs at 7 days.
 MAX_RUNTIME_LIMIT_SECONDS = 7 * 24 * 3600
 
@@ -181,6 +184,20 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             },
             "description": "the adapter the job continues (a bundle or a checkpoint tar)",
         },
+        "evals": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["url", "sha256", "grader"],
+            "properties": {
+                "url": _URL,
+                "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                           "description": "64 lowercase hexadecimal characters"},
+                "grader": {"type": "object"},  # trainhub_contract.graders.parse_grader checks it
+                "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_EVAL_TOKENS},
+            },
+            "description": "eval items (the eval format) and the grader that scores answers",
+        },
+        "checkpoint_selection": {"enum": list(CHECKPOINT_SELECTIONS)},
         "preemption_notice": {
             "enum": [*PREEMPTION_NOTICES, None],
             "description": '"aws" (watch the EC2 spot interruption notice) or null',

@@ -278,10 +278,12 @@ def training_charts(
     eval_loss: Sequence[Point],
     lr: Sequence[Point],
     total_steps: int | None,
+    eval_score: Sequence[Point] = (),
     max_points: int = MAX_POINTS,
 ) -> str:
-    """The job page's charts: train and validation loss over steps, and below it, on its own
-    smaller chart with the same step axis, the learning rate."""
+    """The job page's charts: train and validation loss over steps, and below it, on their own
+    smaller charts with the same step axis, the grader's eval score (graded checkpoints) and
+    the learning rate."""
     losses = line_chart(
         [
             Series("train loss", loss, TRAIN_COLOR),
@@ -293,6 +295,17 @@ def training_charts(
         max_points=max_points,
         css_class="th-chart th-loss",
     )
+    if _clean(eval_score):
+        losses += line_chart(
+            [Series("eval score", eval_score, EVAL_COLOR, markers=True)],
+            title="Eval score (the job's grader, 0 to 1)",
+            y_label="score",
+            x_max=total_steps,
+            y_from_zero=True,
+            max_points=max_points,
+            layout=Layout(height=150, top=24),
+            css_class="th-chart th-eval-score",
+        )
     if not _clean(lr):
         return losses
     rates = line_chart(

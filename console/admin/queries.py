@@ -257,6 +257,7 @@ class MetricSeries:
 
     loss: list[tuple[float, float]] = field(default_factory=list)
     eval_loss: list[tuple[float, float]] = field(default_factory=list)
+    eval_score: list[tuple[float, float]] = field(default_factory=list)  # the job's grader
     lr: list[tuple[float, float]] = field(default_factory=list)
     total_steps: int | None = None
     events: int = 0  # metrics events read
@@ -295,17 +296,21 @@ def metric_series(job: TrainingJob) -> MetricSeries:
             lr.append((step, value))
         if (total := _number(raw_total)) is not None and total > 0:
             out.total_steps = int(total)
-    evals = (
-        events.filter(type="log", data__has_key="eval_loss")
-        .annotate(
-            m_step=KeyTextTransform("step", "data"), m_eval=KeyTextTransform("eval_loss", "data")
-        )
-        .values_list("m_step", "m_eval")
-    )
-    pairs = ((_number(s), _number(v)) for s, v in evals.iterator(chunk_size=5000))
-    out.eval_loss = _by_step((s, v) for s, v in pairs if s is not None and v is not None)
+    out.eval_loss = _logged(events, "eval_loss")
+    out.eval_score = _logged(events, "eval_score")
     out.loss, out.lr = _by_step(loss), _by_step(lr)
     return out
+
+
+def _logged(events: QuerySet[JobEvent], key: str) -> list[tuple[float, float]]:
+    """A figure the executor logs at a step (validation loss, a grader's score), by step."""
+    rows = (
+        events.filter(type="log", data__has_key=key)
+        .annotate(m_step=KeyTextTransform("step", "data"), m_value=KeyTextTransform(key, "data"))
+        .values_list("m_step", "m_value")
+    )
+    pairs = ((_number(s), _number(v)) for s, v in rows.iterator(chunk_size=5000))
+    return _by_step((s, v) for s, v in pairs if s is not None and v is not None)
 
 
 # --- events and log lines -----------------------------------------------------------------------

@@ -346,6 +346,7 @@ class TrainingJobAdmin(ModelAdmin[TrainingJob]):
                     loss=series.loss,
                     eval_loss=series.eval_loss,
                     lr=series.lr,
+                    eval_score=series.eval_score,
                     total_steps=series.total_steps or (done.total if done else None),
                 )
             ),

@@ -17,9 +17,11 @@ Unsloth an error instead of a quiet fallback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -88,6 +90,22 @@ def load(spec: JobSpec) -> tuple[Any, Any]:
     from gpu_worker.backends import peft_backend
 
     return peft_backend.load(spec)
+
+
+@contextlib.contextmanager
+def generation_mode(model: Any) -> Iterator[None]:
+    """Generate with ``model`` mid-training (graded checkpoints): Unsloth's patched model has
+    its own inference switch and must be switched back before the next step."""
+    if select_backend() != "unsloth":
+        yield
+        return
+    from unsloth import FastLanguageModel
+
+    FastLanguageModel.for_inference(model)
+    try:
+        yield
+    finally:
+        FastLanguageModel.for_training(model)
 
 
 def precision() -> dict[str, bool]:

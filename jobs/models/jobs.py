@@ -38,6 +38,18 @@ class TrainingJob(models.Model):
     )
     parent_key = models.CharField(max_length=500, blank=True, editable=False)
     parent_sha256 = models.CharField(max_length=64, blank=True, editable=False)
+    # Graded checkpoints (gpu_worker.grading): eval items, the grader, and which checkpoint
+    # becomes the adapter.
+    evals_file = models.ForeignKey(
+        "jobs.TrainingFile",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="eval_jobs",
+    )
+    grader = models.JSONField(default=dict, blank=True, help_text="OpenAI's grader object")
+    eval_max_tokens = models.PositiveIntegerField(default=64)
+    checkpoint_selection = models.CharField(max_length=16, default="last")
     adapter = models.JSONField(help_text="spec.AdapterSpec as a dict, defaults filled in.")
     hyperparameters = models.JSONField(help_text="spec.Hyperparameters, defaults filled in.")
     seed = models.PositiveIntegerField(default=42)

@@ -74,12 +74,16 @@ def test_beta_and_the_multiplier_are_the_method_s(api, make_file) -> None:
     assert "beta" not in sft["method"]["supervised"]["hyperparameters"]
 
 
-def _demo_upload() -> Any:
+def _upload(name: str, content: bytes) -> Any:
     from django.core.files.uploadedfile import SimpleUploadedFile
 
+    return SimpleUploadedFile(name, content)
+
+
+def _demo_upload() -> Any:
     from gpu_worker.tiny_model import DEMO_DATASET_PATH
 
-    return SimpleUploadedFile("demo.jsonl", DEMO_DATASET_PATH.read_bytes())
+    return _upload("demo.jsonl", DEMO_DATASET_PATH.read_bytes())
 
 
 def test_the_method_and_its_files_must_agree_before_anything_is_queued(api, make_file) -> None:
@@ -243,3 +247,77 @@ def test_a_parent_is_not_deleted_under_a_live_child(api, ingested, make_file) ->
     api.post(f"{JOBS}/{child_id}/cancel")
     assert api.delete(f"/api/v1/jobs/{parent.public_id}/").status_code == 200
     assert api.get(f"{JOBS}/{child_id}").json()["parent"]["job_id"] is None
+
+
+# --- graded checkpoints ----------------------------------------------------------------------
+
+EVAL_ITEMS = b"".join(
+    json.dumps({"input": PAIR["input"], "reference": "Owl 1 is russet."}).encode() + b"\n"
+    for _ in range(4)
+)
+EXACT = {"type": "string_check", "name": "exact", "operation": "eq",
+         "input": "{{sample.output_text}}", "reference": "{{item.reference}}"}  # fmt: skip
+
+
+def test_evals_and_best_eval_reach_the_spec_and_come_back_in_the_job(api, make_file) -> None:
+    items = make_file(EVAL_ITEMS)
+    assert items.format == "eval"
+    created = _create(
+        api,
+        training_file=make_file().public_id,
+        evals={"file": items.public_id, "grader": EXACT, "max_tokens": 32},
+        checkpoint_selection="best_eval",
+    )
+
+    assert created.status_code == 201, created.json()
+    job = created.json()
+    assert job["evals"] == {"file": items.public_id, "grader": EXACT, "max_tokens": 32}
+    assert job["checkpoint_selection"] == "best_eval"
+    spec = specs.attempt_spec(
+        attempt_start(job=TrainingJob.objects.get(public_id=job["id"]), target="local")
+    )
+    assert spec["evals"]["grader"] == EXACT and spec["evals"]["sha256"] == items.sha256
+    assert names(spec["evals"]["url"], items.storage_key, "GET")
+    assert spec["checkpoint_selection"] == "best_eval"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"checkpoint_selection": "best_eval"}, "checkpoint_selection"),  # nothing to score
+        ({"checkpoint_selection": "best_valid_loss"}, "checkpoint_selection"),  # no validation
+        ({"checkpoint_selection": "first"}, "checkpoint_selection"),
+        ({"evals": "file-x"}, "evals"),
+        ({"evals": {"file": "ITEMS", "grader": EXACT, "judge": 1}}, "evals.judge"),
+        ({"evals": {"file": "SFT", "grader": EXACT}}, "evals.file"),  # not the eval format
+        ({"evals": {"file": "file-nope", "grader": EXACT}}, "evals.file"),
+        (
+            {"evals": {"file": "ITEMS", "grader": {**EXACT, "operation": "gt"}}},
+            "evals.grader.operation",
+        ),
+        (
+            {"evals": {"file": "ITEMS", "grader": {**EXACT, "type": "score_model"}}},
+            "evals.grader.type",
+        ),
+        ({"evals": {"file": "ITEMS", "grader": EXACT, "max_tokens": 0}}, "evals.max_tokens"),
+    ],
+)
+def test_graded_checkpoints_refuse_what_cannot_be_scored(api, make_file, body, param) -> None:
+    files = {"ITEMS": make_file(EVAL_ITEMS).public_id, "SFT": make_file().public_id}
+    evals = body.get("evals")
+    if isinstance(evals, dict):
+        body = {**body, "evals": {**evals, "file": files.get(evals["file"], evals["file"])}}
+
+    assert_error(_create(api, training_file=files["SFT"], **body), 400, param=param)
+    assert not TrainingJob.objects.exists()
+
+
+def test_another_project_s_evals_file_is_not_found(api, other_client, make_file) -> None:
+    theirs = other_client.post(
+        "/v1/files",
+        {"purpose": "fine-tune", "file": _upload("items.jsonl", EVAL_ITEMS)},
+        format="multipart",
+    ).json()["id"]
+    body = {"evals": {"file": theirs, "grader": EXACT}}
+    assert_error(_create(api, training_file=make_file().public_id, **body), 400,
+                 param="evals.file", code="file_not_found")  # fmt: skip

@@ -11,12 +11,15 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai.types.fine_tuning import FineTuningJob, FineTuningJobEvent
 
+from gpu_worker.tiny_model import DEMO_EVALS_PATH, DEMO_PREFERENCE_PATH
 from jobs.models import Artifact, GpuNode, JobAttempt
 from jobs.services.accounts.projects import api_key_create
 from jobs.services.fleet.nodes import node_create
@@ -339,38 +342,29 @@ def test_cancel_a_running_job_frees_the_node(
     assert caught.value.code == "job_not_cancellable"
 
 
-def _preference_pairs(demo_dataset: bytes) -> tuple[bytes, bytes]:
-    """OpenAI's DPO lines from the demo conversations: the preferred reply ends in "!", the
-    other in "." as the SFT data does; 48 to train on, 12 held out for validation."""
-    import json
+def _held_out(path: Path, first: int = 12) -> tuple[bytes, bytes]:
+    """A bundled demo file's lines after ``first``, and its first ``first`` (held out)."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    return b"".join(lines[first:]), b"".join(lines[:first])
 
-    lines = []
-    for raw in demo_dataset.splitlines():
-        *prompt, answer = json.loads(raw)["messages"]
-        lines.append(
-            json.dumps(
-                {
-                    "input": {"messages": prompt},
-                    "preferred_output": [
-                        {"role": "assistant", "content": answer["content"][:-1] + "!"}
-                    ],
-                    "non_preferred_output": [answer],
-                }
-            ).encode()
-        )
-    return b"\n".join(lines[12:]) + b"\n", b"\n".join(lines[:12]) + b"\n"
+
+def _plain_endings() -> bytes:
+    """The bundled eval items with the reference the SFT data taught: a reply ending in "."."""
+    lines = [json.loads(line) for line in DEMO_EVALS_PATH.read_text().splitlines()]
+    return b"".join(json.dumps({**item, "reference": "."}).encode() + b"\n" for item in lines)
 
 
 def test_sft_then_dpo_on_top_of_its_fine_tuned_model(
     client, plane, start_node, demo_dataset, tiny_model_dir
 ) -> None:
     """The path OpenAI's users take: a supervised job, then a DPO job whose model is the first
-    one's fine_tuned_model, through the official SDK and a real node."""
+    one's fine_tuned_model, through the official SDK and a real node; the DPO job's checkpoints
+    are graded (trainhub's evals, in extra_body) and the best-scored one becomes its adapter."""
     node = _node(start_node, "node-sdk-dpo")
     sft_id = _create(client, str(tiny_model_dir), _upload(client, demo_dataset, plane),
                      n_epochs=2).id  # fmt: skip
     sft = _wait_status(client, sft_id, "succeeded", TRAIN_TIMEOUT, node, plane)
-    pairs, held_out = _preference_pairs(demo_dataset)
+    pairs, held_out = _held_out(DEMO_PREFERENCE_PATH)
     with pytest.raises(openai.BadRequestError) as caught:  # pairs are not SFT data
         _create(client, str(tiny_model_dir), _upload(client, pairs, plane), n_epochs=1)
     assert caught.value.param == "training_file"
@@ -391,7 +385,20 @@ def test_sft_then_dpo_on_top_of_its_fine_tuned_model(
                 "max_seq_length": 128,
                 "warmup_ratio": 0.0,
                 "gradient_checkpointing": False,
+                "eval_interval": 6,
             },
+            "evals": {
+                "file": _upload(client, _plain_endings(), plane),
+                "max_tokens": 24,
+                "grader": {
+                    "type": "string_check",
+                    "name": "ends plain",
+                    "operation": "like",
+                    "input": "{{sample.output_text}}",
+                    "reference": "{{item.reference}}",
+                },
+            },
+            "checkpoint_selection": "best_eval",
         },
     )
 
@@ -405,8 +412,15 @@ def test_sft_then_dpo_on_top_of_its_fine_tuned_model(
     steps = _metrics(_events(client, dpo.id))
     assert steps and all("rewards/accuracies" in s and "rewards/margins" in s for s in steps)
     assert steps[-1]["rewards/margins"] > steps[0]["rewards/margins"]
-    (checkpoint,) = client.fine_tuning.jobs.checkpoints.list(dpo.id)
+    (checkpoint,) = client.fine_tuning.jobs.checkpoints.list(dpo.id)  # the newest of the attempt
     assert checkpoint.metrics.train_loss is not None and checkpoint.metrics.valid_loss is not None
+    assert 0 <= (checkpoint.metrics.model_extra or {})["eval_score"] <= 1
+    events = [_data(e) for e in _events(client, dpo.id)]
+    graded = [e for e in events if "eval_score" in e]
+    assert graded[0]["step"] == 0 and len(graded) >= 3, "before training, checkpoints, the end"
+    (chosen,) = [e for e in events if "selected_step" in e]
+    best = max(g["eval_score"] for g in graded[1:])
+    assert chosen["selected_step"] in {g["step"] for g in graded[1:] if g["eval_score"] == best}
     metrics_id = next(f for f in dpo.result_files if f.startswith("file-metrics-"))
     rows = list(csv.DictReader(io.StringIO(client.files.content(metrics_id).read().decode())))
     assert [r for r in rows if r["train_loss"]] and [r for r in rows if r["valid_loss"]]

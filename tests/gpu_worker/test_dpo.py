@@ -36,6 +36,13 @@ def _pairs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def test_the_bundled_demo_pairs_are_the_demo_conversations_with_the_preference() -> None:
+    from gpu_worker.tiny_model import DEMO_PREFERENCE_PATH
+
+    bundled = [json.loads(line) for line in DEMO_PREFERENCE_PATH.read_text().splitlines()]
+    assert bundled == _pairs(_demo_records())
+
+
 def test_the_loss_is_dpo_s_sigmoid_loss_worked_by_hand() -> None:
     import torch
 

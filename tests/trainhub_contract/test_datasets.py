@@ -66,7 +66,8 @@ def lines_of(report: DatasetReport) -> list[int]:
         ({"instruction": "x", "text": "t"}, "text"),
         (PAIR, "preference"),
         ({"input": {}, "non_preferred_output": []}, "preference"),  # then its checks explain
-        ({"input": {"messages": []}}, None),
+        ({"input": {"messages": []}}, "eval"),  # no outputs: an eval item
+        ({"instruction": "x", "input": "i", "output": "y"}, "alpaca"),  # input beside output
         ({"prompt": "x"}, None),
         ({}, None),
     ],
@@ -75,7 +76,10 @@ def test_detect_format(record: dict[str, Any], fmt: str | None) -> None:
     assert detect_format(record) == fmt
 
 
-@pytest.mark.parametrize("record", [CHAT, ALPACA, PC, TEXT, PAIR])
+EVAL_ITEM = {"input": PAIR["input"], "reference": "Hello"}
+
+
+@pytest.mark.parametrize("record", [CHAT, ALPACA, PC, TEXT, PAIR, EVAL_ITEM])
 def test_each_format_validates(record: dict[str, Any]) -> None:
     report = validate_jsonl([jsonl(record, record)])
     assert report.ok, report.errors
@@ -164,6 +168,9 @@ def test_format_is_set_by_first_valid_line() -> None:
         (pair(non_preferred_output=[{"role": "assistant", "content": " "}]), "non_preferred_output[0].content must be a non-empty string"),
         (pair(preferred_output=[{"role": "assistant", "content": "x", "weight": 1}]), "takes no weight"),
         (pair(non_preferred_output=PAIR["preferred_output"]), "are the same reply"),
+        ({"input": PAIR["input"]}, "needs a reference field beside input"),
+        ({"input": PAIR["input"], "reference": 4}, "reference must be a string"),
+        ({"input": {"messages": "hi"}, "reference": "x"}, "input.messages must be a non-empty list"),
         ('{"text": NaN}', "invalid JSON"),
         ('{"text": "a"', "invalid JSON"),
         ("[" * 100_000, "invalid JSON"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from trainhub_cli.render import Output, details
 from trainhub_cli.state import State, get_state, json_option
 
 FILE_ID = re.compile(r"^file-[A-Za-z0-9_-]+$")
-JOB_FIELDS = ("id", "status", "model", "target", "training_file", "validation_file",
+JOB_FIELDS = ("id", "status", "model", "base_model", "parent", "method", "target",
+              "training_file", "validation_file", "evals", "checkpoint_selection",
               "fine_tuned_model", "adapter", "hyperparameters", "gpu", "suffix", "metadata",
               "waiting_reason", "metrics", "estimated_finish", "estimated_cost", "cost",
               "trained_tokens", "result_files", "error", "created_at", "started_at",
@@ -31,6 +33,27 @@ def show_job(out: Output, job: dict[str, Any]) -> None:
         out.json(job)
     else:
         out.print(details(job, JOB_FIELDS))
+
+
+def _evals(state: State, opts: dict[str, Any]) -> dict[str, Any]:
+    if not (opts["evals_file"] and opts["grader"]):
+        raise click.UsageError("--evals and --grader go together")
+    text = opts["grader"]
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).expanduser().read_text()
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {text[1:]!r}: {exc}", param_hint="--grader"
+            ) from None
+    try:
+        grader = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--grader") from None
+    evals = {"file": _file_ref(state, opts["evals_file"], "--evals"), "grader": grader}
+    if opts["eval_max_tokens"] is not None:
+        evals["max_tokens"] = opts["eval_max_tokens"]
+    return evals
 
 
 def key_values(values: tuple[str, ...], option: str) -> dict[str, str]:
@@ -64,7 +87,8 @@ def _file_ref(state: State, value: str, option: str) -> str:
 @click.option(
     "--model",
     required=True,
-    help="Base model: a hub id (owner/name) or a path the operator allows.",
+    help="Base model: a hub id (owner/name) or a path the operator allows; or a job's "
+    "fine_tuned_model (or a checkpoint's) to train on from.",
 )
 @click.option(
     "--training-file",
@@ -113,6 +137,30 @@ def _file_ref(state: State, value: str, option: str) -> str:
     type=int,
     metavar="STEPS",
     help="hyperparameters.eval_interval: steps between validation passes (0: a tenth of the run).",
+)
+@click.option(
+    "--method",
+    type=click.Choice(["supervised", "dpo"]),
+    help="supervised (default) or dpo (a preference file: input, preferred_output, "
+    "non_preferred_output).",
+)
+@click.option("--beta", type=float, help="dpo: hyperparameters.beta (default 0.1).")
+@click.option(
+    "--evals",
+    "evals_file",
+    metavar="FILE_ID|PATH",
+    help="Eval items (input + reference) scored at every checkpoint; needs --grader.",
+)
+@click.option(
+    "--grader",
+    metavar="JSON|@FILE",
+    help="OpenAI's string_check or text_similarity grader, as JSON (or @file.json).",
+)
+@click.option("--eval-max-tokens", type=int, help="evals.max_tokens: answer length (default 64).")
+@click.option(
+    "--checkpoint-selection",
+    type=click.Choice(["last", "best_valid_loss", "best_eval"]),
+    help="Which checkpoint becomes the adapter (default last).",
 )
 @click.option("--target", help="local, auto, or a provider (`trainhub providers list`).")
 @click.option("--gpu-count", type=int, help="gpu.count: GPUs per machine.")
@@ -169,7 +217,8 @@ def create(**opts: Any) -> None:
         )
     hyper = {k: opts[k] for k in ("n_epochs", "learning_rate", "batch_size", "max_seq_length",
                                   "gradient_accumulation_steps", "warmup_ratio",
-                                  "gradient_checkpointing", "packing", "eval_interval")}  # fmt: skip
+                                  "gradient_checkpointing", "packing", "eval_interval",
+                                  "beta")}  # fmt: skip
     gpu = {
         "count": opts["gpu_count"],
         "min_vram_gb": opts["gpu_min_vram"],
@@ -192,6 +241,12 @@ def create(**opts: Any) -> None:
     ):
         if opts[name] is not None:
             body[name] = opts[name]
+    if opts["method"]:
+        body["method"] = {"type": opts["method"]}
+    if opts["checkpoint_selection"]:
+        body["checkpoint_selection"] = opts["checkpoint_selection"]
+    if opts["evals_file"] or opts["grader"]:
+        body["evals"] = _evals(state, opts)
     if opts["node_selector"]:
         body["node_selector"] = key_values(opts["node_selector"], "--node-selector")
     if opts["metadata"]:

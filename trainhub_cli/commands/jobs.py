@@ -72,6 +72,26 @@ def get_job(job_id: str) -> None:
     """Show one job."""
     state = get_state()
     show_job(state.output, state.api.get(f"/fine_tuning/jobs/{job_id}"))
+    if not state.output.json_mode:
+        page = state.api.get(f"/fine_tuning/jobs/{job_id}/checkpoints", limit=100)
+        if page["data"]:
+            state.output.print(_checkpoint_table(page["data"]))
+
+
+def _checkpoint_table(rows: list[dict[str, Any]]) -> Any:
+    """A job's stored checkpoints (the newest of each attempt) with OpenAI's figures and the
+    grader's score."""
+
+    def figure(row: dict[str, Any], name: str) -> str:
+        value = (row.get("metrics") or {}).get(name)
+        return f"{value:.4f}" if isinstance(value, int | float) else "-"
+
+    return table(
+        ("step", "attempt", "train_loss", "valid_loss", "eval_score", "fine_tuned_model_checkpoint"),
+        [(r.get("step_number"), r.get("attempt"), figure(r, "train_loss"),
+          figure(r, "valid_loss"), figure(r, "eval_score"), r.get("fine_tuned_model_checkpoint"))
+         for r in rows],
+    )  # fmt: skip
 
 
 def _action(name: str, doc: str) -> None:

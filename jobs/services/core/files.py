@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from jobs import storage
@@ -200,28 +200,26 @@ def file_validate(*, file_pk: int) -> TrainingFile | None:
     # the file again once it is committed itself (jobs._advance_once_committed).
     TrainingFile.objects.filter(pk=file_pk).update(processed_at=timezone.now(), **fields)
     record.refresh_from_db()
-    waiting = TrainingJob.objects.filter(status="validating_files").filter(
-        training_file=record
-    ) | TrainingJob.objects.filter(status="validating_files", validation_file=record)
+    waiting = TrainingJob.objects.filter(status="validating_files").filter(_uses(record))
     for job in waiting.distinct():
         job_advance_validation(job=job)
     return record
 
 
+def _uses(record: TrainingFile) -> Q:
+    """Jobs that read ``record``: to train on, to validate on, or as eval items."""
+    return Q(training_file=record) | Q(validation_file=record) | Q(evals_file=record)
+
+
 def file_delete(*, record: TrainingFile) -> None:
     """Delete a file unless a live job still needs it."""
-    in_use = TrainingJob.objects.filter(status__in=LIVE).filter(
-        training_file=record
-    ) | TrainingJob.objects.filter(status__in=LIVE, validation_file=record)
+    in_use = TrainingJob.objects.filter(status__in=LIVE).filter(_uses(record))
     if in_use.exists():
         raise Conflict(
             f"File {record.public_id} is used by a live job; cancel the job first.",
             code="file_in_use",
         )
-    if (
-        TrainingJob.objects.filter(training_file=record).exists()
-        or TrainingJob.objects.filter(validation_file=record).exists()
-    ):
+    if TrainingJob.objects.filter(_uses(record)).exists():
         raise Conflict(
             f"File {record.public_id} is referenced by finished jobs; delete those jobs first.",
             code="file_in_use",

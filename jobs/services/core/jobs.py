@@ -22,6 +22,7 @@ from jobs.models import GpuNode, IdempotencyKey, Project, TrainingFile, Training
 from jobs.services.accounts.audit import SYSTEM, Actor, audit_record, created, deleted, diff
 from jobs.services.accounts.targets import target_problem
 from jobs.services.core.attempts import attempt_live, attempt_request_stop
+from jobs.services.core.evals import evals_fields, evals_file_problem
 from jobs.services.core.events import event_append
 from jobs.services.core.job_request import native_job_request, parse_metadata
 from jobs.services.core.lineage import inherited_adapter, is_fine_tuned_name, resolve_parent
@@ -53,6 +54,8 @@ JOB_FIELDS = (
     "max_preemptions",
     "priority",
     "metadata",
+    "evals",
+    "checkpoint_selection",
     # OpenAI's spellings, turned into the fields above by job_request.native_job_request
     "method",
     "integrations",
@@ -204,6 +207,7 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
         "hyperparameters": spec_to_json(hyper),
         "training_file": training_file,
         "validation_file": validation_file,
+        **evals_fields(data, lambda v, p: _project_file(project, v, p), validation_file),
         "seed": _int_field(data, "seed", 42, 0, 2**31 - 1),
         "suffix": suffix,
         "target": _check_target(project, data.get("target", registry.OWN_FLEET_TARGET)),
@@ -358,11 +362,14 @@ def job_advance_validation(*, job: TrainingJob) -> None:
     """Move a job out of validating_files once all its files are validated."""
     if job.status != S.VALIDATING_FILES:
         return
-    files = [f for f in (job.training_file, job.validation_file) if f is not None]
+    files = [f for f in (job.training_file, job.validation_file, job.evals_file) if f is not None]
     for f in files:
         f.refresh_from_db(fields=["status", "error_count"])
     bad = next((f for f in files if f.status == TrainingFile.Status.ERROR), None)
-    mismatch = next((p for f in files if (p := method_file_problem(job.method, f))), None)
+    trained_on = (job.training_file, job.validation_file)
+    mismatch = next(
+        (p for f in trained_on if (p := method_file_problem(job.method, f))), None
+    ) or evals_file_problem(job.evals_file)
     if mismatch is not None:
         job_transition(job=job, to=S.FAILED, error_code="invalid_dataset", message=mismatch)
     elif bad is not None:
@@ -385,7 +392,7 @@ def _advance_once_committed(job_pk: int) -> None:
     commits the file before it looks (files.file_validate), so this second look, after the
     job's commit, sees the file settled whenever the validation's look missed the job."""
     job = (
-        TrainingJob.objects.select_related("training_file", "validation_file")
+        TrainingJob.objects.select_related("training_file", "validation_file", "evals_file")
         .filter(pk=job_pk, status=S.VALIDATING_FILES)
         .first()
     )

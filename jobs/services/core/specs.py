@@ -80,6 +80,12 @@ def attempt_spec(
             if job.parent_key
             else {}
         ),
+        **({"evals": _evals(job, url)} if job.evals_file is not None else {}),
+        **(
+            {"checkpoint_selection": job.checkpoint_selection}
+            if job.checkpoint_selection != "last"
+            else {}
+        ),
         "report": {
             "sinks": sinks if sinks is not None else [{"type": "http"}],
             # Several heartbeats per lease, so one lost message never costs the attempt.
@@ -93,6 +99,16 @@ def attempt_spec(
         # A spot machine that warns: the executor checkpoints when the warning comes.
         spec["preemption_notice"] = target.spot_notice
     return spec
+
+
+def _evals(job: Any, url: Any) -> dict[str, Any]:
+    found = job.evals_file
+    return {
+        "url": url(found.storage_key, "GET"),
+        "sha256": found.sha256,
+        "grader": job.grader,
+        "max_tokens": job.eval_max_tokens,
+    }
 
 
 # Hyperparameters added to the spec later than others, with the value an executor that does

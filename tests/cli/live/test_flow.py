@@ -206,3 +206,34 @@ def test_login_verifies_the_key_and_stores_it_0600(
     assert _json(listed)["object"] == "list"
     for result in (bad, good, listed, trainhub("config")):
         assert key not in result.stdout + result.stderr
+
+
+def test_a_dpo_job_with_graded_checkpoints_from_flags(
+    plane, trainhub, env, tmp_path, tiny_model_dir
+) -> None:
+    pairs, items, grader = tmp_path / "pairs.jsonl", tmp_path / "evals.jsonl", tmp_path / "g.json"
+    prompt = {"messages": [{"role": "user", "content": "What colour is owl 1?"}]}
+    pairs.write_text("".join(json.dumps({
+        "input": prompt,
+        "preferred_output": [{"role": "assistant", "content": "Owl 1 is russet!"}],
+        "non_preferred_output": [{"role": "assistant", "content": "Owl 1 is russet."}],
+    }) + "\n" for _ in range(4)))  # fmt: skip
+    items.write_text(json.dumps({"input": prompt, "reference": "russet"}) + "\n")
+    grader.write_text(json.dumps({"type": "string_check", "name": "colour", "operation": "ilike",
+                                  "input": "{{sample.output_text}}",
+                                  "reference": "{{item.reference}}"}))  # fmt: skip
+    base = ("jobs", "create", "--model", str(tiny_model_dir), "--training-file", str(pairs),
+            "--method", "dpo", "--beta", "0.2", "--evals", str(items))  # fmt: skip
+
+    alone = trainhub(*base, env=env)  # --evals without --grader
+    assert alone.returncode == 2 and "--grader" in alone.stderr
+    created = trainhub(*base, "--grader", f"@{grader}", "--eval-max-tokens", "16",
+                       "--checkpoint-selection", "best_eval", "--json", env=env)  # fmt: skip
+
+    assert created.returncode == 0, created.stderr
+    job = _json(created)
+    assert job["method"]["type"] == "dpo" and job["method"]["dpo"]["hyperparameters"]["beta"] == 0.2
+    assert job["evals"]["grader"]["operation"] == "ilike" and job["evals"]["max_tokens"] == 16
+    assert job["checkpoint_selection"] == "best_eval"
+    shown = trainhub("jobs", "get", job["id"], env=env)
+    assert shown.returncode == 0 and "best_eval" in shown.stdout and "dpo" in shown.stdout

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpu_worker import graders
-from gpu_worker.graders import Grader, GraderError, parse_grader, passed, score
+from trainhub_contract import graders
+from trainhub_contract.graders import Grader, GraderError, parse_grader, passed, score
 
 SAMPLE = "{{sample.output_text}}"
 
