@@ -95,6 +95,7 @@ import os
 import platform
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -176,6 +177,7 @@ def _spec(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
         "hyperparameters": cfg["hyperparameters"],
         "seed": 7,
         "report": {"sinks": [{"type": "jsonl", "path": str(tmp / "events.jsonl")}]},
+        **cfg.get("spec", {}),  # more spec fields (bench/dpo_throughput.py: method, parent)
     }
 
 
@@ -239,7 +241,10 @@ def child_train(cfg: dict[str, Any]) -> dict[str, Any]:
                 callbacks=[timing],
             )
             run_seconds = time.perf_counter() - started
-        events = sum(1 for _ in (tmp / "events.jsonl").open())
+        lines = [json.loads(line) for line in (tmp / "events.jsonl").open()]
+        events = len(lines)
+        if cfg.get("keep_artifact") and result.status == "succeeded":
+            shutil.copyfile(tmp / "out" / "adapter.tar", cfg["keep_artifact"])
     if result.status != "succeeded":
         return {"ok": False, "error": f"{result.status} ({result.reason}): {result.message}"}
 
@@ -284,6 +289,9 @@ def child_train(cfg: dict[str, Any]) -> dict[str, Any]:
         "reporter_calls": reporter.calls,
         "events_written": events,
         "versions": m["versions"],
+        "bundle_sha256": result.bundle_sha256,
+        "metrics": m,
+        "logs": [e["message"] for e in lines if e.get("type") == "log"][-60:],
     }
     out["reporter_us_per_step"] = reporter.seconds / steps * 1e6 if steps else 0.0
     out["reporter_pct"] = reporter.seconds / train_seconds * 100 if train_seconds else 0.0
