@@ -33,7 +33,7 @@ from trainhub_contract.graders import passed, score
 
 if TYPE_CHECKING:
     from gpu_worker.report import Reporter
-    from trainhub_contract.spec import Evals
+    from trainhub_contract.spec import Evals, JobSpec
 
 MAX_EVAL_ITEMS = 500  # each is a generation at every checkpoint; the API refuses more
 SELECTION_STATE = "trainhub_selection.json"  # written into each checkpoint folder
@@ -150,6 +150,23 @@ class GradedCheckpoints:
         self.best: Candidate | None = None
         self.best_weights: dict[str, Any] | None = None
         self.valid_loss: tuple[int, float] | None = None  # the newest sample pass: step, loss
+
+    @classmethod
+    def for_spec(
+        cls, spec: JobSpec, items: list[EvalItem], tokenizer: Any, reporter: Reporter
+    ) -> GradedCheckpoints | None:
+        """The run's graded checkpoints, or None when the job has neither evals nor a
+        selection other than the last step."""
+        if spec.evals is None and spec.checkpoint_selection == "last":
+            return None
+        return cls(
+            evals=spec.evals,
+            items=items,
+            tokenizer=tokenizer,
+            selection=spec.checkpoint_selection,
+            reporter=reporter,
+            batch_size=spec.hyperparameters.batch_size,
+        )
 
     @property
     def evaluates_at_checkpoints(self) -> bool:

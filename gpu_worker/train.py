@@ -4,14 +4,18 @@ The same function serves every launcher (``python -m gpu_worker run``, the GPU n
 task, the RunPod handler, SSH). Steps:
 
 1. choose the backend (before transformers/peft are imported), seed everything;
-2. download the dataset (and validation dataset), verifying sha256 while streaming;
-3. load model + tokenizer and attach the adapter (backends.load);
-4. tokenize (gpu_worker.formatting): loss on assistant/response tokens, truncation;
+2. download the dataset (and validation dataset, eval items, the parent adapter), verifying
+   sha256 while streaming;
+3. load model + tokenizer and attach the adapter (backends.load); a job that continues a
+   fine-tuned model loads the parent's weights into it (gpu_worker.lineage);
+4. tokenize (gpu_worker.formatting; DPO pairs: gpu_worker.preference): loss on
+   assistant/response tokens, truncation;
 5. train with ``transformers.Trainer`` and ONE callback that reports metrics, checks for a
    stop request after every optimizer step, and uploads a checkpoint every N steps / T seconds
    to the checkpoint slot (latest only); with ``outputs.resume_url`` training continues from that
    checkpoint (global step, optimizer, scheduler, RNG) instead of from zero;
-6. package the adapter bundle (gpu_worker.packaging), PUT it, report its sha256.
+6. with evals or a checkpoint selection (gpu_worker.grading), put the chosen checkpoint's
+   weights back; package the adapter bundle (gpu_worker.packaging), PUT it, report its sha256.
 
 On a spot machine (the spec's ``preemption_notice``) a watcher thread checks for the provider's
 interruption notice meanwhile (gpu_worker.preemption): once one is up, training stops at the
@@ -22,7 +26,7 @@ Every outcome is returned as a :class:`RunResult` and reported as the final ``st
 run() does not raise for training failures. The working directory of the attempt is removed
 whatever happens (checkpoints already uploaded stay in the checkpoint slot).
 
-The steps stay together here (a little over 400 lines) so they read in the order they run; the
+The steps stay together here (about 500 lines) so they read in the order they run; the
 trainer, the checkpoints and the packaging are beside them (trainer, checkpoints, packaging).
 """
 
@@ -273,22 +277,7 @@ def _run(
             eval_records, spec.validation_dataset, tokenizer, max_len, "validation", reporter
         )
 
-    graded = (
-        GradedCheckpoints(
-            evals=spec.evals,
-            items=eval_set,
-            tokenizer=tokenizer,
-            selection=spec.checkpoint_selection,
-            reporter=reporter,
-            batch_size=spec.hyperparameters.batch_size,
-        )
-        if spec.evals is not None or spec.checkpoint_selection != "last"
-        else None
-    )
-    if graded is not None and resume_dir is not None:
-        graded.resume(resume_dir)
-    elif graded is not None:  # the model the job starts from: what training should beat
-        graded.grade(model, 0, "before training")
+    graded = GradedCheckpoints.for_spec(spec, eval_set, tokenizer, reporter)
     trainer, callback = build_trainer(
         spec,
         model,
@@ -311,6 +300,10 @@ def _run(
         ),
         graded=graded,
     )
+    if graded is not None and resume_dir is not None:
+        graded.resume(resume_dir)  # the best checkpoint so far, of the earlier attempts
+    elif graded is not None:  # the model the job starts from (placed by the Trainer)
+        graded.grade(trainer.model, 0, "before training")
     reporter.status(
         Outcome.RUNNING,
         "Training started" + (f", resuming at step {resume_step}." if resume_dir else "."),

@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 GRADER_TYPES = ("string_check", "text_similarity")
+MAX_NAME_CHARS = 200  # the name labels results and log lines
 STRING_CHECK_OPERATIONS = ("eq", "ne", "like", "ilike")
 SIMILARITY_METRICS = (
     "fuzzy_match",
@@ -107,6 +108,8 @@ def parse_grader(data: object) -> Grader:
     name = _required_str(data, "name")
     if not name.strip():
         raise GraderError("must not be empty: it names the grader in results", "grader.name")
+    if len(name) > MAX_NAME_CHARS:
+        raise GraderError(f"must be at most {MAX_NAME_CHARS} characters", "grader.name")
     if not _INPUT_RE.fullmatch(_required_str(data, "input")):
         raise GraderError(
             f"must be {_INPUT_TEMPLATE!r}: the model's output is what gets graded", "grader.input"

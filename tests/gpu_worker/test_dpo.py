@@ -144,3 +144,27 @@ def test_dpo_on_top_of_an_sft_adapter_learns_the_preference_on_held_out_pairs(
         metrics = json.loads(tar.extractfile("metrics.json").read())  # type: ignore[union-attr]
     assert metrics["method"] == "dpo" and metrics["full_valid_loss"] is not None
     assert metrics["parent_adapter_sha256"] == sft.result.bundle_sha256
+
+
+def test_a_parent_adapter_that_is_not_the_recorded_one_or_does_not_fit_is_refused(
+    tiny_model_dir: Path, dataset_files: dict, run_executor: Any, tmp_path: Path
+) -> None:
+    """The parent's bytes must be the ones the control plane recorded, and its adapter must
+    have the job's settings: either way the run fails before training, saying which."""
+    sft = run_executor(spec_dict(tiny_model_dir, dataset_files["messages"], tmp_path / "sft"))
+    assert sft.result.status == "succeeded", sft.final_status
+    parent = {"url": sft.artifact.as_uri(), "sha256": sft.result.bundle_sha256}
+
+    tampered = spec_dict(tiny_model_dir, dataset_files["messages"], tmp_path / "a")
+    tampered["parent_adapter"] = {**parent, "sha256": "0" * 64}
+    refused = run_executor(tampered)
+    assert (refused.result.status, refused.result.reason) == ("failed", "download_failed")
+    assert "parent adapter" in refused.result.message
+
+    wider = spec_dict(tiny_model_dir, dataset_files["messages"], tmp_path / "b")
+    wider["adapter"]["r"] = 16
+    wider["parent_adapter"] = parent
+    misfit = run_executor(wider)
+    assert (misfit.result.status, misfit.result.reason) == ("failed", "invalid_model")
+    assert "r 8 in the parent, 16 in this job" in misfit.result.message
+    assert not misfit.of_type("metrics"), "refused before the first step"

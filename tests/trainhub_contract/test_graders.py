@@ -111,6 +111,7 @@ def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
         (string_check_json(reference=SAMPLE), "grader.reference", "{{item.<field>}}"),
         (_without(string_check_json(), "name"), "grader.name", "required"),
         (string_check_json(name="  "), "grader.name", "must not be empty"),
+        (string_check_json(name="n" * 201), "grader.name", "at most 200 characters"),
         (string_check_json(name=3), "grader.name", "must be a string"),
         (similarity_json(pass_threshold=1.5), "grader.pass_threshold", "from 0 to 1"),
         (similarity_json(pass_threshold=-0.1), "grader.pass_threshold", "from 0 to 1"),
