@@ -4,13 +4,19 @@
                                        [--checkpoint-every-steps N] [--checkpoint-every-seconds S]
     python -m gpu_worker warm
     python -m gpu_worker make-tiny-model DIR [--seed N]
+    python -m gpu_worker serve MODEL [--host H] [--port P] [--max-adapters N]
+                                     [--served-model-name NAME] [--api-key KEY]
+                                     [--adapter-cache DIR]
 
 ``run`` trains one attempt (gpu_worker.train.run), reporting through the sinks the spec's
 ``report`` block names, and exits with 0 succeeded, 1 failed, 2 unusable spec or command line,
 3 cancelled, 4 timeout, 5 preempted (trainhub_contract.outcomes.ExitCode). The last stdout line is a JSON summary
 (``status, reason, message, sha256, size``) for wrappers that cannot read the events.
 ``warm`` does the imports first and then runs the one ``run`` ordered on its stdin (a GPU
-node's warm executor, gpu_worker.warm).
+node's warm executor, gpu_worker.warm). ``serve`` answers vLLM's OpenAI-compatible API with
+MODEL and the LoRA adapters loaded into it at run time (gpu_worker.serving); it prints
+``serving on http://HOST:PORT`` once it listens (``--port 0``: a free port) and stops on
+SIGTERM or SIGINT.
 While training runs, what the process writes to stdout/stderr and what it logs also become
 ``log`` events (gpu_worker.logcapture: rate-capped, secrets masked), and still reach stdout and
 stderr unchanged.
@@ -78,6 +84,18 @@ def _parser() -> argparse.ArgumentParser:
         help="import the training stack, then run the one attempt ordered on stdin "
         "(a GPU node's warm executor: gpu_worker.warm)",
     )
+
+    serve = sub.add_parser("serve", help="serve MODEL and its adapters (vLLM's HTTP API)")
+    serve.add_argument("model", help="a hub id or a local model directory")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8100, help="0: a free port")
+    serve.add_argument("--max-adapters", type=int, default=4,
+                       help="adapters held at once; the least recently used goes first")  # fmt: skip
+    serve.add_argument("--served-model-name", default=None, help="the base model's name")
+    serve.add_argument("--adapter-cache", type=Path, default=None,
+                       help="where fetched adapter bundles are unpacked, by sha256")  # fmt: skip
+    serve.add_argument("--api-key", default=os.environ.get("TRAINHUB_SERVE_API_KEY"),
+                       help="require this bearer token on /v1 (default $TRAINHUB_SERVE_API_KEY)")  # fmt: skip
 
     tiny = sub.add_parser("make-tiny-model", help="build the tiny offline test model into DIR")
     tiny.add_argument("dir", type=Path)
@@ -186,6 +204,28 @@ def _run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from gpu_worker.serving.engine import Engine
+    from gpu_worker.serving.server import make_server
+
+    engine = Engine(args.model, max_adapters=args.max_adapters, served_name=args.served_model_name)
+    cache = args.adapter_cache or Path(tempfile.gettempdir()) / "trainhub-adapters"
+    server = make_server(engine, args.host, args.port, args.api_key, cache)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    host, port = server.server_address[:2]
+    print(f"serving on http://{host!s}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -197,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpu_worker.warm import serve
 
         return serve(main)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "make-tiny-model":
         from gpu_worker.tiny_model import build_tiny_model
 
