@@ -1,6 +1,8 @@
 """OpenAI's fine-tuning API at OpenAI's paths (served under /v1/ and /api/v1/)."""
 
-from api import openai_views, presenters, views
+from django.urls import path
+
+from api import inference_views, openai_views, presenters, views
 from api.routes import route
 
 urlpatterns = [
@@ -23,4 +25,8 @@ urlpatterns = [
     # trainhub's own, beside OpenAI's
     *route("fine_tuning/jobs/<str:job_id>/retry", views.JobRetryView.as_view()),
     *route("fine_tuning/jobs/<str:job_id>/artifacts", views.JobArtifactListView.as_view()),
+    *route("fine_tuning/jobs/<str:job_id>/deploy", inference_views.JobDeployView.as_view()),
+    *route("models", inference_views.ModelListView.as_view()),
+    # A model's id holds '/' and ':' (ft:owner/name:…): the rest of the path is the id.
+    path("models/<path:model>", inference_views.ModelDetailView.as_view()),
 ]

@@ -10,6 +10,7 @@ from typing import Any
 
 from jobs.models import (
     Artifact,
+    Deployment,
     GpuNode,
     JobEvent,
     NodeEvent,
@@ -269,6 +270,25 @@ def checkpoint_json(e: JobEvent, job: TrainingJob, metrics: dict[str, Any]) -> d
         "bytes": e.data.get("size") if isinstance(e.data, dict) else None,
         "sha256": e.data.get("sha256") if isinstance(e.data, dict) else None,
     }
+
+
+def deployment_json(d: Deployment) -> dict[str, Any]:
+    """A deployed fine-tuned model, in OpenAI's model shape with trainhub's state beside it
+    (never the server it runs on)."""
+    return {
+        "id": d.name,
+        "object": "model",
+        "created": ts(d.created_at),
+        "owned_by": d.job.project.slug,
+        "fine_tuning_job": d.job.public_id,
+        "state": d.state,
+        "detail": d.detail or None,
+        "sha256": d.sha256,
+    }
+
+
+def base_model_json(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": None, "owned_by": "trainhub"}
 
 
 def result_file_json(r: ResultFile) -> dict[str, Any]:

@@ -696,3 +696,31 @@ class AuditEntry(Body):
 
 
 AuditEntryList = page_of(AuditEntry, "AuditEntryList")
+
+
+# --- inference (api/inference_views.py) ---------------------------------------------------------
+
+
+class Model(Body):
+    """OpenAI's model object: a deployed fine-tuned model, or a base model a server serves."""
+
+    id = s.CharField(help_text="ft:… or a base model")
+    object = _enum(["model"])
+    created = s.IntegerField(allow_null=True)
+    owned_by = s.CharField()
+    fine_tuning_job = s.CharField(required=False, help_text="deployed models: the job")
+    state = _enum(["pending", "loaded", "failed"], required=False,
+                  help_text="pending: not loaded on a server yet (or unloaded to make room)")  # fmt: skip
+    detail = s.CharField(required=False, allow_null=True)
+    sha256 = s.CharField(required=False, help_text="of the adapter bundle served")
+
+
+class ModelList(Body):
+    object = _enum(["list"])
+    data = Model(many=True)  # type: ignore[assignment]  # a field, as the body names it
+
+
+class ModelDeleted(Body):
+    id = s.CharField()
+    object = _enum(["model"])
+    deleted = s.BooleanField()

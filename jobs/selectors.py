@@ -14,7 +14,9 @@ from jobs import result_files
 from jobs.errors import InvalidRequest, NotFound
 from jobs.models import (
     Artifact,
+    Deployment,
     GpuNode,
+    InferenceServer,
     JobEvent,
     NodeEvent,
     Project,
@@ -293,3 +295,42 @@ def node_list() -> list[GpuNode]:
 def node_event_list(*, name: str, limit: int = 100) -> list[NodeEvent]:
     """A node's latest audit events (kept after the node is deleted), newest first."""
     return list(NodeEvent.objects.filter(node_name=name).order_by("-id")[:limit])
+
+
+# --- inference (jobs.services.serving) ---------------------------------------------------------
+
+
+def deployment_list(*, project: Project) -> list[Deployment]:
+    """The project's live deployments, oldest first."""
+    return list(
+        Deployment.objects.select_related("job")
+        .filter(job__project=project, undeployed_at__isnull=True)
+        .order_by("pk")
+    )
+
+
+def deployment_get(*, project: Project, name: str) -> Deployment:
+    """The project's live deployment called ``name``; a 404 otherwise (another project's
+    name included)."""
+    found = (
+        Deployment.objects.select_related("job", "server")
+        .filter(job__project=project, undeployed_at__isnull=True, name=name)
+        .first()
+    )
+    if found is None:
+        raise NotFound(
+            f"The model '{name}' does not exist or you do not have access to it.",
+            code="model_not_found",
+        )
+    return found
+
+
+def served_base_models() -> list[str]:
+    """The base models an online inference server serves."""
+    return sorted(
+        set(
+            InferenceServer.objects.filter(status=InferenceServer.Status.ONLINE).values_list(
+                "base_model", flat=True
+            )
+        )
+    )

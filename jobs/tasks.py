@@ -19,6 +19,7 @@ from jobs.services.fleet import nodes
 from jobs.services.outbound import notifications, webhook_delivery
 from jobs.services.outbox import messages
 from jobs.services.scheduling import dispatch, placement
+from jobs.services.serving import deployments
 from providers import registry
 from trainhub_contract import celery_conf as cc
 
@@ -87,6 +88,17 @@ def stop_machines(job_pk: int) -> None:
 @task(cc.INGEST_ARTIFACT)
 def ingest_artifact(attempt_pk: int, reported_sha256: str = "") -> None:
     artifacts.artifact_ingest(attempt_pk=attempt_pk, reported_sha256=reported_sha256)
+
+
+@task(cc.PLACE_DEPLOYMENT)
+def place_deployment(deployment_pk: int) -> None:
+    deployments.deployment_place(deployment_pk=deployment_pk)
+
+
+@task(cc.PLACE_DEPLOYMENTS)
+def place_deployments(base_model: str) -> None:
+    for pk in deployments.deployments_waiting(base_model):
+        deployments.deployment_place(deployment_pk=pk)
 
 
 @task(cc.EXPIRE_LEASES)

@@ -34,6 +34,9 @@ FLEET_TICK = "trainhub.fleet_tick"
 STORAGE_SWEEP = "trainhub.storage_sweep"
 PURGE_STORAGE = "trainhub.purge_storage"
 NOTIFY_JOB = "trainhub.notify_job"  # a job ended: its creator's notification (event + email)
+# Inference: load a deployment on a server; place every waiting one of a base model.
+PLACE_DEPLOYMENT = "trainhub.place_deployment"
+PLACE_DEPLOYMENTS = "trainhub.place_deployments"
 # Outbound webhooks: one try of one delivery; beat sends the due retries.
 DELIVER_WEBHOOK = "trainhub.deliver_webhook"
 WEBHOOKS_DUE = "trainhub.webhooks_due"

@@ -3,6 +3,7 @@ from jobs.models.files import TrainingFile
 from jobs.models.jobs import Artifact, IdempotencyKey, JobAttempt, JobEvent, TrainingJob
 from jobs.models.nodes import GpuNode, NodeEvent
 from jobs.models.projects import ApiKey, Project, ProjectMembership, ProviderCredential
+from jobs.models.serving import Deployment, InferenceServer
 from jobs.models.storage import StorageDeletion
 from jobs.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
@@ -10,8 +11,10 @@ __all__ = [
     "ApiKey",
     "Artifact",
     "AuditEntry",
+    "Deployment",
     "GpuNode",
     "IdempotencyKey",
+    "InferenceServer",
     "JobAttempt",
     "JobEvent",
     "NodeEvent",

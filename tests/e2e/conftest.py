@@ -256,3 +256,16 @@ def submit_tiny_job(api: Any, model: Path, demo_dataset: bytes, **fields: Any) -
     created = api.post("/api/v1/jobs/", body, format="json")
     assert created.status_code == 201, created.content
     return created.json()["id"]
+
+
+@pytest.fixture
+def client(plane, live_server, user, project) -> Any:
+    """The official ``openai`` SDK as a user's script builds it, on an API key of ``user``; no
+    retries, so a refused call shows as itself rather than as a slow retry loop. (In tests/e2e
+    it stands in for pytest-django's ``client``: these tests drive the API as clients do.)"""
+    import openai
+
+    from jobs.services.accounts.projects import api_key_create
+
+    key = api_key_create(user=user, name="sdk-e2e")[1]
+    return openai.OpenAI(base_url=live_server.url + "/v1", api_key=key, max_retries=0, timeout=30)

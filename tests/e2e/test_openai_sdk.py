@@ -21,7 +21,6 @@ from openai.types.fine_tuning import FineTuningJob, FineTuningJobEvent
 
 from gpu_worker.tiny_model import DEMO_EVALS_PATH, DEMO_PREFERENCE_PATH
 from jobs.models import Artifact, GpuNode, JobAttempt
-from jobs.services.accounts.projects import api_key_create
 from jobs.services.fleet.nodes import node_create
 from tests.e2e.conftest import Process, wait_for
 from trainhub_contract.bundle import verify_bundle
@@ -33,14 +32,6 @@ STEPS_PER_EPOCH = 15  # the demo dataset's 60 examples at the default ("auto") b
 # Long enough that a pause sent at the first metrics event reaches the run (the node polls for
 # stop requests every second) well before its last step, short enough to finish in seconds.
 PAUSE_EPOCHS = 6
-
-
-@pytest.fixture
-def client(plane, live_server, user, project) -> openai.OpenAI:
-    """The SDK as a user's script builds it, on an API key of ``user``; no retries, so a
-    refused call shows as itself rather than as a slow retry loop."""
-    key = api_key_create(user=user, name="sdk-e2e")[1]
-    return openai.OpenAI(base_url=live_server.url + "/v1", api_key=key, max_retries=0, timeout=30)
 
 
 def _node(start_node: Any, name: str) -> Process:

@@ -66,6 +66,16 @@ def send_ingest_artifact(attempt_pk: int, reported_sha256: str) -> None:
     _send(cc.INGEST_ARTIFACT, attempt_pk, reported_sha256)
 
 
+def send_place_deployment(deployment_pk: int) -> None:
+    """Load a deployed adapter on an inference server with room."""
+    _send(cc.PLACE_DEPLOYMENT, deployment_pk)
+
+
+def send_place_deployments(base_model: str) -> None:
+    """A server of ``base_model`` came online: place the deployments waiting for one."""
+    _send(cc.PLACE_DEPLOYMENTS, base_model)
+
+
 def send_purge_storage(deletion_pk: int) -> None:
     _send(cc.PURGE_STORAGE, deletion_pk)
 

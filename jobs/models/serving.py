@@ -1,0 +1,66 @@
+from django.db import models
+
+
+class InferenceServer(models.Model):
+    """A server answering vLLM's OpenAI-compatible API for one base model, loading adapters at
+    run time: vLLM with ``--enable-lora`` or ``python -m gpu_worker serve``. Registered by an
+    operator (``manage.py register_server``); its API key is encrypted at rest."""
+
+    class Status(models.TextChoices):
+        ONLINE = "online"
+        OFFLINE = "offline"  # its last call failed: not chosen until an operator re-registers it
+
+    name = models.CharField(max_length=100, unique=True)
+    url = models.URLField(max_length=500, help_text="its base URL, without /v1")
+    base_model = models.CharField(
+        max_length=300, help_text="the model it serves, as jobs name their base model"
+    )
+    served_name = models.CharField(max_length=300, help_text="what the server calls its base")
+    api_key_ciphertext = models.TextField(blank=True, editable=False)
+    max_adapters = models.PositiveSmallIntegerField(default=4)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ONLINE)
+    status_detail = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.base_model})"
+
+
+class Deployment(models.Model):
+    """A succeeded job's adapter made callable by its ``fine_tuned_model`` name. ``server`` is
+    where it is loaded now: None until placed, and again once the least recently used adapter
+    made room for another there. ``undeployed_at`` ends it (OpenAI's delete of a fine-tuned
+    model); the job stays."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # not loaded anywhere yet (or unloaded to make room)
+        LOADED = "loaded"
+        FAILED = "failed"  # no server could load it: ``detail`` says why
+
+    job = models.ForeignKey(
+        "jobs.TrainingJob", on_delete=models.CASCADE, related_name="deployments"
+    )
+    name = models.CharField(max_length=500, help_text="the ft: name clients call")
+    sha256 = models.CharField(max_length=64, help_text="of the adapter bundle it serves")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    detail = models.CharField(max_length=500, blank=True)
+    server = models.ForeignKey(
+        InferenceServer, null=True, blank=True, on_delete=models.SET_NULL, related_name="loaded"
+    )
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    undeployed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=models.Q(undeployed_at__isnull=True),
+                name="one_live_deployment_per_job",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name

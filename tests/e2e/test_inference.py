@@ -1,0 +1,115 @@
+"""Deploying what a job trained, through the official ``openai`` SDK and real processes: a
+GPU node trains the tiny model, the control plane's worker loads the adapter on an embedded
+inference server (``python -m gpu_worker serve``, registered as an operator registers one)
+through a signed URL it checks against the recorded sha256, the model answers under its
+``ft:`` name, a second deployment on a full server unloads the least recently used one, and
+OpenAI's delete of a fine-tuned model undeploys it. Another project sees none of it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from jobs.models import Deployment
+from jobs.services.accounts.projects import api_key_create
+from jobs.services.serving.servers import server_register
+from tests.e2e.conftest import wait_for
+from tests.e2e.test_openai_sdk import _create, _node, _upload, _wait_status
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+SERVER_KEY = "e2e-inference-key"
+QUESTION = [  # a conversation of the demo data, without its answer
+    {"role": "system", "content": "You are a concise assistant for the Owlbridge registry. "
+     "Answer in one sentence."},
+    {"role": "user", "content": "What colour is owl number 1?"},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def embedded(tiny_model_dir: Path, tmp_path_factory: Any) -> Iterator[str]:
+    """The embedded server for the tiny model, holding one adapter at a time."""
+    cache = tmp_path_factory.mktemp("adapter-cache")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpu_worker", "serve", str(tiny_model_dir), "--port", "0",
+         "--served-model-name", "tiny", "--max-adapters", "1", "--api-key", SERVER_KEY,
+         "--adapter-cache", str(cache)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("serving on "), (line, proc.poll())
+    yield line.removeprefix("serving on ").strip()
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _state(client: openai.OpenAI, name: str) -> str | None:
+    return (client.models.retrieve(name).model_extra or {}).get("state")
+
+
+def test_train_deploy_call_evict_and_delete_a_fine_tuned_model(
+    client: openai.OpenAI, plane, start_node, demo_dataset, tiny_model_dir, embedded, make_user
+) -> None:
+    server_register(name="tiny-cpu", url=embedded, base_model=str(tiny_model_dir),
+                    served_name="tiny", api_key=SERVER_KEY, max_adapters=1)  # fmt: skip
+    node = _node(start_node, "node-infer")
+    training_file = _upload(client, demo_dataset, plane)
+    first, second = (
+        _wait_status(
+            client,
+            _create(client, str(tiny_model_dir), training_file, n_epochs=n).id,
+            "succeeded",
+            180,
+            node,
+            plane,
+        )
+        for n in (4, 1)
+    )
+    assert first.fine_tuned_model and second.fine_tuned_model
+
+    made = client.post(f"/fine_tuning/jobs/{first.id}/deploy", cast_to=object)
+    assert made["id"] == first.fine_tuned_model and made["object"] == "model"
+    again = client.post(f"/fine_tuning/jobs/{first.id}/deploy", cast_to=object)
+    assert again["id"] == made["id"], "deploying twice is the same deployment"
+    wait_for("the adapter loaded", lambda: _state(client, first.fine_tuned_model) == "loaded",
+             60, plane)  # fmt: skip
+
+    server = openai.OpenAI(base_url=embedded + "/v1", api_key=SERVER_KEY, max_retries=0)
+    answer = server.chat.completions.create(model=first.fine_tuned_model, messages=QUESTION,
+                                            temperature=0, max_tokens=16)  # fmt: skip
+    assert answer.choices[0].message.content and answer.model == first.fine_tuned_model
+    listed = {m.id for m in client.models.list()}
+    assert {first.fine_tuned_model, str(tiny_model_dir)} <= listed
+
+    client.post(f"/fine_tuning/jobs/{second.id}/deploy", cast_to=object)
+    wait_for("the second adapter loaded",
+             lambda: _state(client, second.fine_tuned_model) == "loaded", 60, plane)  # fmt: skip
+    assert _state(client, first.fine_tuned_model) == "pending", "unloaded to make room"
+    held = {m.id for m in server.models.list()}
+    assert held == {"tiny", second.fine_tuned_model}
+
+    bob = make_user("bob-infer")
+    theirs = openai.OpenAI(base_url=client.base_url, api_key=api_key_create(user=bob, name="b")[1],
+                           max_retries=0)  # fmt: skip
+    with pytest.raises(openai.NotFoundError):
+        theirs.models.retrieve(second.fine_tuned_model)
+    with pytest.raises(openai.NotFoundError):
+        theirs.models.delete(second.fine_tuned_model)
+    assert second.fine_tuned_model not in {m.id for m in theirs.models.list()}
+
+    deleted = client.models.delete(second.fine_tuned_model)
+    assert deleted.deleted and deleted.id == second.fine_tuned_model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(second.fine_tuned_model)
+    assert {m.id for m in server.models.list()} == {"tiny"}, "unloaded from the server"
+    assert Deployment.objects.filter(name=second.fine_tuned_model).get().undeployed_at
+    assert second.fine_tuned_model not in {m.id for m in client.models.list()}
