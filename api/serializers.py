@@ -715,6 +715,16 @@ class Model(Body):
     sha256 = s.CharField(required=False, help_text="of the adapter bundle served")
 
 
+class CompletionRequest(Body):
+    """OpenAI's chat or text completion request (its other fields pass through unchanged);
+    answered by the stream process."""
+
+    model = s.CharField(min_length=1, help_text="an ft: name, or a base model a server serves")
+    messages = s.ListField(child=s.DictField(), required=False, help_text="chat completions")
+    prompt = s.CharField(required=False, allow_blank=True, help_text="text completions")
+    stream = s.BooleanField(required=False)
+
+
 class ModelList(Body):
     object = _enum(["list"])
     data = Model(many=True)  # type: ignore[assignment]  # a field, as the body names it

@@ -28,6 +28,13 @@ class Conflict(ServiceError):
     http_status = 409
 
 
+class PermissionDenied(ServiceError):
+    """Authenticated, but not in the way this route takes (a session where a key is needed)."""
+
+    http_status = 403
+    error_type = "permission_error"
+
+
 class Unavailable(ServiceError):
     """The server cannot serve this now (storage lost or unreachable): not the client's fault."""
 

@@ -425,6 +425,10 @@ def stream_server(
         "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
         "TRAINHUB_LIVE_PREFIX": settings.TRAINHUB_LIVE_PREFIX,
         "TRAINHUB_LIVE_BUFFER_MESSAGES": str(STREAM_BUFFER_MESSAGES),
+        # The web side's redirect grants (api/inference_grant) and server keys are this
+        # process's: the same signing and encryption keys.
+        "DJANGO_SECRET_KEY": settings.SECRET_KEY,
+        "TRAINHUB_ENCRYPTION_KEYS": ",".join(settings.TRAINHUB_ENCRYPTION_KEYS),
         # uvicorn's keepalive (--ws-ping-timeout, 20 s) would close a watcher that a test keeps
         # from reading (tests/api/live: the slow client) while a flood lasts longer than that, as it
         # does on a machine busy with other tests; what the tests check is the stream's buffer.

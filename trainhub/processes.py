@@ -116,6 +116,13 @@ def beat_command(schedule_file: Path) -> list[str]:
             "-s", str(schedule_file)]  # fmt: skip
 
 
+def inference_command(model: Path | str, port: int) -> list[str]:
+    """The embedded inference server (``python -m gpu_worker serve``) for ``model``; its API
+    key comes from ``TRAINHUB_SERVE_API_KEY`` in the environment, not the command line."""
+    return [sys.executable, "-m", "gpu_worker", "serve", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "tiny"]  # fmt: skip
+
+
 def node_command(name: str) -> list[str]:
     """A GPU node (Procfile ``gpu``): queue gpu.node.<TRAINHUB_NODE_NAME>, one job at a time."""
     return [sys.executable, "-m", "celery", "-A", "gpu_worker.celery_app", "worker",

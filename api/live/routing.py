@@ -1,5 +1,6 @@
-"""The stream process's routes. It serves streams only: the API stays on the web process
-(gunicorn, WSGI), whose large streamed transfers Django's ASGI handler would buffer."""
+"""The stream process's routes. It serves streams and long waits only (live events, and the
+completions relayed to inference servers: api/live/inference.py): the API stays on the web
+process (gunicorn, WSGI), whose large streamed transfers Django's ASGI handler would buffer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from channels.routing import URLRouter
 from django.urls import URLPattern
 
 from api.live.consumers import JobEventsSocket, JobEventsSSE, NativeJobEventsSSE, ProjectJobsSocket
+from api.live.inference import PATHS as INFERENCE_PATHS
+from api.live.inference import InferenceRelay
 from api.routes import route
 
 _EVENTS = "fine_tuning/jobs/<str:job_id>/events"
@@ -39,17 +42,21 @@ class StreamHttp:
 
     def __init__(self) -> None:
         self._sse: Callable[[dict[str, Any], Any, Any], Awaitable[None]] = URLRouter(_sse_routes())
+        self._inference = InferenceRelay()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["path"] == "/healthz":
             return await _respond(send, 200, {"status": "ok"})
+        if scope["path"].rstrip("/") in INFERENCE_PATHS:  # OpenAI's completions (inference)
+            return await self._inference(scope, receive, send)
         if b"stream=true" in scope.get("query_string", b"").split(b"&"):
             try:
                 return await self._sse(scope, receive, send)
             except ValueError:  # URLRouter: no route matched
                 pass
         message = "This is trainhub's stream server: it serves ?stream=true on a job's events "
-        message += "route and /ws/jobs[/<id>]. The API is on the web process."
+        message += "route, /ws/jobs[/<id>] and /v1/chat/completions and /v1/completions. The "
+        message += "API is on the web process."
         await _respond(
             send, 404, {"error": {"message": message, "type": "invalid_request_error",
                                   "param": None, "code": "not_a_stream"}},

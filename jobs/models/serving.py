@@ -50,6 +50,10 @@ class Deployment(models.Model):
     )
     loaded_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Usage through trainhub's completions routes (api/live/inference.py), for the project.
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     undeployed_at = models.DateTimeField(null=True, blank=True)
 

@@ -3,7 +3,8 @@
 Starts web, a control-plane worker, beat and one GPU node (on the CPU here), then walks a
 client through the API: a broken upload, a good one, a rejected job, an idempotent create, a
 job nothing can place (cancelled), and the main job: a LoRA fine-tune of a tiny Llama built
-offline, followed with a progress bar, whose verified adapter is downloaded at the end."""
+offline, followed with a progress bar, whose verified adapter is downloaded, then deployed on
+an embedded inference server and called with a chat completion by its fine-tuned name."""
 
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ from jobs.models import GpuNode
 from jobs.services.accounts.audit import Actor
 from jobs.services.accounts.projects import api_key_create
 from jobs.services.fleet.nodes import node_create, node_rotate_token
+from jobs.services.serving.servers import server_register
 from trainhub import embedded, processes
 from trainhub_contract.bundle import verify_bundle
 
 DEMO_ACTOR = Actor.command("demo")
 NODE = "demo-node"
 SERVE_PORT = 8000  # --serve: where README's OpenAI SDK example finds it
-STREAM_PORT = 8001  # --serve: the stream process (WebSocket, SSE)
+STREAM_PORT = 8001  # --serve: the stream process (WebSocket, SSE, completions)
+INFERENCE_PORT = 8100  # --serve: the embedded inference server
+INFERENCE_SERVER = "demo-inference"
 ADMIN_USER = "admin"
 ADMIN_PASSWORD_FILE = "admin_password"  # noqa: S105 (a file name; the password is generated)
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -75,6 +79,8 @@ class Command(BaseCommand):
         _, key = api_key_create(user=user, name="demo", actor=DEMO_ACTOR)
         port = SERVE_PORT if options["serve"] else processes.free_port()
         stream_port = STREAM_PORT if options["serve"] else processes.free_port()
+        inference_port = INFERENCE_PORT if options["serve"] else processes.free_port()
+        inference_key = embedded.persistent_secret(settings.VAR_DIR / "inference_key")
         base = f"http://127.0.0.1:{port}/api/v1"
         self.stream_base = f"http://127.0.0.1:{stream_port}/api/v1"
         env = {
@@ -85,6 +91,7 @@ class Command(BaseCommand):
             "TRAINHUB_NODE_NAME": NODE,
             "TRAINHUB_NODE_TOKEN": self.node_token(),
             "TRAINHUB_STREAM_URL": f"http://127.0.0.1:{stream_port}",
+            "TRAINHUB_SERVE_API_KEY": inference_key,
         }
         log_dir = settings.VAR_DIR / "logs"
         commands = {
@@ -93,10 +100,15 @@ class Command(BaseCommand):
             "worker": processes.worker_command(),
             "beat": processes.beat_command(settings.VAR_DIR / "celerybeat-schedule"),
             "gpu-node": processes.node_command(NODE),
+            "inference": processes.inference_command(model, inference_port),
         }
         with processes.running(commands, env, log_dir, settings.BASE_DIR):
             processes.wait_http(f"http://127.0.0.1:{port}/api/schema/")
             processes.wait_http(f"http://127.0.0.1:{stream_port}/healthz")
+            processes.wait_http(f"http://127.0.0.1:{inference_port}/health")
+            server_register(name=INFERENCE_SERVER, url=f"http://127.0.0.1:{inference_port}",
+                            base_model=str(model), served_name="tiny", api_key=inference_key,
+                            actor=DEMO_ACTOR)  # fmt: skip
             self.say(
                 f"web on :{port}, stream on :{stream_port}, a worker, beat and GPU node "
                 f"'{NODE}' (logs in {log_dir})"
@@ -109,7 +121,8 @@ class Command(BaseCommand):
             http.headers["Authorization"] = f"Bearer {key}"
             good = self.walkthrough(http, base)
             self.wait_for_node()
-            self.main_job(http, base, good["id"], model, settings.VAR_DIR / "demo")
+            job_id = self.main_job(http, base, good["id"], model, settings.VAR_DIR / "demo")
+            self.chat(http, f"http://127.0.0.1:{port}/v1", job_id)
             if options["serve"]:
                 self.serve(key, port, model)
 
@@ -121,6 +134,7 @@ class Command(BaseCommand):
         self.stdout.write(f"  export OPENAI_API_KEY={key}")
         self.stdout.write(f"  export TRAINHUB_DEMO_MODEL={model}")
         self.say(f"live updates (WebSocket /ws/jobs/<id>, SSE ?stream=true): {self.stream_base}")
+        self.say(f"inference: the embedded server '{INFERENCE_SERVER}' on :{INFERENCE_PORT}")
         try:
             while True:
                 time.sleep(3600)
@@ -201,7 +215,7 @@ class Command(BaseCommand):
 
     def main_job(
         self, http: requests.Session, base: str, file_id: str, model: Path, out: Path
-    ) -> None:
+    ) -> str:
         body = {
             "model": str(model),
             "training_file": file_id,
@@ -241,6 +255,35 @@ class Command(BaseCommand):
         self.say(f"adapter: {path} ({verified.size} bytes), every file verified")
         self.say(f"sha256: {verified.sha256}")
         self.say(f"files: {', '.join(f.path for f in verified.files)}")
+        return str(job_id)
+
+    def chat(self, http: requests.Session, v1: str, job_id: str) -> None:
+        """Deploy the job's adapter on the embedded inference server and ask it a question by
+        its fine-tuned name, through trainhub's /v1/chat/completions (the web side redirects
+        to the stream process, which relays to the server)."""
+        deployed = http.post(f"{v1}/fine_tuning/jobs/{job_id}/deploy")
+        if deployed.status_code not in (200, 201):
+            raise CommandError(f"deploy failed: {deployed.status_code} {deployed.text}")
+        name = deployed.json()["id"]
+        deadline = time.monotonic() + 120
+        while (state := http.get(f"{v1}/models/{name}").json().get("state")) != "loaded":
+            if state == "failed" or time.monotonic() > deadline:
+                raise CommandError(
+                    f"the adapter was not loaded: {http.get(f'{v1}/models/{name}').text}"
+                )
+            time.sleep(0.5)
+        question = [
+            {"role": "system", "content": "You are a concise assistant for the Owlbridge "
+             "registry. Answer in one sentence."},
+            {"role": "user", "content": "What colour is owl number 1?"},
+        ]  # fmt: skip
+        answer = http.post(f"{v1}/chat/completions", json={
+            "model": name, "messages": question, "temperature": 0, "max_tokens": 24})  # fmt: skip
+        if answer.status_code != 200:
+            raise CommandError(f"chat completion failed: {answer.status_code} {answer.text}")
+        said = answer.json()["choices"][0]["message"]["content"]
+        self.say(f"deployed as {name}")
+        self.say(f"asked 'What colour is owl number 1?', it answered: {said!r}")
 
     def follow(self, http: requests.Session, url: str, timeout: float = 300) -> None:
         """Watch the job's live event stream (SSE, not polling), drawing a progress bar (step,

@@ -127,6 +127,16 @@ def deployments_waiting(base_model: str) -> list[int]:
     )
 
 
+def deployments_orphaned(server: InferenceServer) -> None:
+    """``server`` went away: what it held is loaded nowhere now, and is placed again."""
+    held = list(Deployment.objects.filter(LIVE, server=server).values_list("pk", flat=True))
+    Deployment.objects.filter(pk__in=held).update(
+        server=None, state=Deployment.State.PENDING, detail=f"{server.name} went offline"
+    )
+    for pk in held:
+        messages.send_place_deployment(pk)
+
+
 def deployment_delete(*, deployment: Deployment, actor: Actor = SYSTEM) -> None:
     """Undeploy: unloaded from its server (best effort: a server that is down has lost it
     anyway), no longer callable; the job and its adapter stay."""

@@ -1,0 +1,324 @@
+"""OpenAI's ``POST /v1/chat/completions`` and ``/v1/completions`` for trainhub's models, relayed
+to the inference server that holds them (jobs.services.serving).
+
+It lives in the stream process because a generation is a long wait on another server: here it
+is an ``await`` on an async HTTP client, while on the web process (gunicorn, sync workers) it
+would hold a whole worker for as long as the model writes, and a long one would meet the
+worker timeout. The web process answers these routes with a 307 to here (api/inference_views),
+carrying a grant in the query that names the caller's API key for 60 s: HTTP clients drop the
+Authorization header on a redirect to another origin, and the grant is what authenticates the
+redirected request. A client that reaches this process directly (or through a proxy that routes
+these paths here) sends its key as a bearer token, as anywhere else.
+
+``model`` is the caller's project's deployed ``ft:`` name or a base model an online server
+serves. A deployed adapter that is not loaded now (it made room for another, or its server
+went away) is loaded by a worker (jobs.services.serving.deployments) while the request waits
+without holding a thread or a database connection; past ``LOAD_WAIT_SECONDS`` the answer is a
+503 with Retry-After, which OpenAI's SDK retries. The body goes on unchanged but for the model's name at the server; the answer comes
+back with the caller's name in it. Streams are relayed chunk by chunk as the server sends them;
+usage is asked of the server and counted for the deployment, and the usage chunk is passed on
+only when the client asked for it. A server that cannot be reached is taken offline, its
+adapters are placed elsewhere, and the request is tried once more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import httpx
+from django.db.models import F
+from django.utils import timezone
+
+from api.inference_grant import granted_key
+from api.live.auth import authenticate
+from jobs.crypto import decrypt_json
+from jobs.models import ApiKey, Deployment, InferenceServer
+from jobs.services.outbox import messages
+from jobs.services.serving.deployments import deployments_orphaned
+from jobs.services.serving.servers import server_mark_offline
+
+if TYPE_CHECKING:
+    from asgiref.sync import SyncToAsync as database_sync_to_async
+else:
+    from channels.db import database_sync_to_async
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+# A deployed adapter not loaded now is loaded by a worker; the request waits this long for it.
+LOAD_WAIT_SECONDS = 20
+LOAD_POLL_SECONDS = 0.25
+# Connecting is quick or the server is down; a generation may take minutes between chunks.
+TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+PATHS = {"/v1/chat/completions", "/v1/completions", "/api/v1/chat/completions",
+         "/api/v1/completions"}  # fmt: skip
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class RelayError(Exception):
+    """An answer in OpenAI's error shape, with the status (and Retry-After) it goes with."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes: the server's URL, its key, the name it knows the model by, and
+    the deployment to count usage for (None for a base model)."""
+
+    url: str
+    headers: dict[str, str]
+    upstream_model: str
+    deployment_pk: int | None
+    server_pk: int
+
+
+_granted_key = database_sync_to_async(granted_key)
+
+
+def _server_route(server: InferenceServer, model: str, deployment: Deployment | None) -> Route:
+    headers = {}
+    if server.api_key_ciphertext:
+        headers["Authorization"] = f"Bearer {decrypt_json(server.api_key_ciphertext)['api_key']}"
+    return Route(server.url, headers, model, deployment.pk if deployment else None, server.pk)
+
+
+class NotLoaded(Exception):
+    """The deployment is not loaded on an online server: ``pk`` is to be placed."""
+
+    def __init__(self, pk: int) -> None:
+        super().__init__(pk)
+        self.pk = pk
+
+
+@database_sync_to_async
+def _lookup(key: ApiKey, model: str) -> Route:
+    """The server for ``model`` in the key's project; NotLoaded for a deployed adapter that is
+    not loaded on an online server now."""
+    deployment = (
+        Deployment.objects.select_related("server", "job")
+        .filter(job__project=key.project, undeployed_at__isnull=True, name=model)
+        .first()
+    )
+    if deployment is None:
+        server = (
+            InferenceServer.objects.filter(status=InferenceServer.Status.ONLINE, base_model=model)
+            .order_by("pk")
+            .first()
+        )
+        if server is None:
+            raise RelayError(404, f"The model '{model}' does not exist or you do not have "
+                             "access to it.", "model_not_found", "model")  # fmt: skip
+        return _server_route(server, server.served_name, None)
+    server = deployment.server
+    loaded = deployment.state == Deployment.State.LOADED
+    if not loaded or server is None or server.status != InferenceServer.Status.ONLINE:
+        if deployment.state == Deployment.State.FAILED:
+            raise RelayError(503, f"The model '{model}' cannot be loaded: {deployment.detail}",
+                             "model_not_loaded")  # fmt: skip
+        raise NotLoaded(deployment.pk)
+    return _server_route(server, deployment.name, deployment)
+
+
+@database_sync_to_async
+def _ask_placement(pk: int) -> None:
+    Deployment.objects.filter(pk=pk, state=Deployment.State.LOADED).update(
+        state=Deployment.State.PENDING, server=None
+    )
+    messages.send_place_deployment(pk)
+
+
+async def _route(key: ApiKey, model: str) -> Route:
+    """The server for ``model``, waiting (without holding anything) while a worker loads a
+    deployed adapter that is not loaded now; a 503 with Retry-After when it takes long."""
+    try:
+        return await _lookup(key, model)
+    except NotLoaded as missing:
+        await _ask_placement(missing.pk)
+    deadline = time.monotonic() + LOAD_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        await asyncio.sleep(LOAD_POLL_SECONDS)
+        try:
+            return await _lookup(key, model)
+        except NotLoaded:
+            continue
+    raise RelayError(503, f"The model '{model}' is being loaded on a server; retry shortly.",
+                     "model_loading", retry_after=LOAD_WAIT_SECONDS)  # fmt: skip
+
+
+@database_sync_to_async
+def _server_lost(route: Route, reason: str) -> None:
+    """The server did not answer: offline, and its adapters to be placed elsewhere."""
+    server = InferenceServer.objects.filter(pk=route.server_pk).first()
+    if server is not None:
+        server_mark_offline(server, reason)
+        deployments_orphaned(server)
+
+
+@database_sync_to_async
+def _count(deployment_pk: int | None, usage: dict[str, Any] | None) -> None:
+    if deployment_pk is None:
+        return
+    usage = usage or {}
+    Deployment.objects.filter(pk=deployment_pk).update(
+        requests=F("requests") + 1,
+        prompt_tokens=F("prompt_tokens") + int(usage.get("prompt_tokens") or 0),
+        completion_tokens=F("completion_tokens") + int(usage.get("completion_tokens") or 0),
+        last_used_at=timezone.now(),
+    )
+
+
+async def _read_body(receive: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RelayError(413, f"The body is larger than {MAX_BODY_BYTES} bytes.")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    try:
+        body = json.loads(b"".join(chunks) or b"null")
+    except ValueError as exc:
+        raise RelayError(400, f"The body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RelayError(400, "The body must be a JSON object.")
+    return body
+
+
+async def _respond_error(send: Send, error: RelayError) -> None:
+    kind = "invalid_request_error" if error.status < 500 else "server_error"
+    body = {"error": {"message": error.message, "type": kind, "param": error.param,
+                      "code": error.code}}  # fmt: skip
+    headers = [(b"content-type", b"application/json")]
+    if error.retry_after is not None:  # OpenAI's SDK waits this long before its retry
+        headers.append((b"retry-after", str(error.retry_after).encode()))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+class InferenceRelay:
+    """The ASGI app for the completions routes (api/live/routing.StreamHttp sends them here)."""
+
+    def __init__(self) -> None:
+        self.client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self.client is None:  # made lazily: inside the server's event loop
+            self.client = httpx.AsyncClient(timeout=TIMEOUT)
+        return self.client
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
+        try:
+            if scope["method"] != "POST":
+                raise RelayError(405, f"{scope['path']} takes POST.")
+            key = await self._caller(scope)
+            body = await _read_body(receive)
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                raise RelayError(400, "model must be a non-empty string.", param="model")
+            await self._relay(scope["path"].removeprefix("/api"), key, model, body, send)
+        except RelayError as exc:
+            await _respond_error(send, exc)
+
+    async def _caller(self, scope: dict[str, Any]) -> ApiKey:
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if "grant" in query:
+            key = await _granted_key(query["grant"][0])
+        else:
+            key = await authenticate(scope)
+        if key is None:
+            raise RelayError(401, "Invalid or missing API key (or an expired redirect grant).",
+                             "invalid_api_key")  # fmt: skip
+        return key
+
+    async def _relay(
+        self, path: str, key: ApiKey, model: str, body: dict[str, Any], send: Send
+    ) -> None:
+        streaming = bool(body.get("stream"))
+        given = body.get("stream_options")
+        options: dict[str, Any] = given if isinstance(given, dict) else {}
+        client_wants_usage = bool(options.get("include_usage"))
+        for attempt in (1, 2):
+            route = await _route(key, model)
+            upstream = {**body, "model": route.upstream_model}
+            if streaming:  # always counted; shown only when asked
+                upstream["stream_options"] = {**options, "include_usage": True}
+            try:
+                await self._forward(
+                    route, path, upstream, model, streaming, client_wants_usage, send
+                )
+                return
+            except httpx.TransportError as exc:
+                await _server_lost(route, f"did not answer a completion: {exc}")
+                if attempt == 2:
+                    raise RelayError(503, f"No server could answer for '{model}'; try again.",
+                                     "server_unavailable") from exc  # fmt: skip
+
+    async def _forward(
+        self, route: Route, path: str, upstream: dict[str, Any], model: str, streaming: bool,
+        client_wants_usage: bool, send: Send,
+    ) -> None:  # fmt: skip
+        request = self._http().build_request(
+            "POST", route.url + path, json=upstream, headers=route.headers
+        )
+        response = await self._http().send(request, stream=True)
+        try:
+            if not streaming or response.status_code != 200:
+                raw = await response.aread()
+                await self._send_whole(response.status_code, raw, model, route, send)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})  # fmt: skip
+            usage = None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    break
+                chunk = json.loads(line.removeprefix("data: "))
+                chunk["model"] = model
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                    if not chunk.get("choices") and not client_wants_usage:
+                        continue
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": f"data: {json.dumps(chunk)}\n\n".encode()})  # fmt: skip
+            await _count(route.deployment_pk, usage)  # before the end: a client may look next
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        finally:
+            await response.aclose()
+
+    async def _send_whole(
+        self, status: int, raw: bytes, model: str, route: Route, send: Send
+    ) -> None:
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise RelayError(502, f"The inference server answered HTTP {status} without JSON.",
+                             "bad_gateway") from None  # fmt: skip
+        if status == 200 and isinstance(answer, dict):
+            answer["model"] = model
+            await _count(route.deployment_pk, answer.get("usage"))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
