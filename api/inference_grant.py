@@ -10,7 +10,7 @@ import secrets
 
 from django.core import signing
 
-from jobs.models import ApiKey
+from jobs.models import ApiKey, ProjectMembership
 from trainhub.shared_redis import redis_client
 
 GRANT_SALT = "trainhub.inference.grant"
@@ -24,7 +24,7 @@ def grant_for(key: ApiKey) -> str:
 
 def granted_key(token: str) -> ApiKey | None:
     """The live API key a grant names, spending the grant; None when it is forged, expired,
-    spent already, or its key revoked or its user inactive."""
+    spent already, or its key revoked, its user inactive or no longer a project member."""
     try:
         grant = signing.loads(token, salt=GRANT_SALT, max_age=GRANT_SECONDS)
         pk, nonce = grant["key"], str(grant["once"])
@@ -35,4 +35,6 @@ def granted_key(token: str) -> ApiKey | None:
     key = ApiKey.objects.select_related("project", "user").filter(pk=pk).first()
     if key is None or key.revoked_at is not None or not key.user.is_active:
         return None
+    if not ProjectMembership.objects.filter(project=key.project, user=key.user).exists():
+        return None  # no longer a member of the key's project: as the bearer check says
     return key

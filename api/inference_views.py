@@ -71,46 +71,55 @@ class ModelDetailView(APIView):
         return Response({"id": model, "object": "model", "deleted": True})
 
 
-class CompletionsView(APIView):
-    """``POST /v1/chat/completions`` and ``/v1/completions``: answered by the stream process
+def completions_view(operation_id: str) -> type[APIView]:
+    """``POST /v1/chat/completions`` or ``/v1/completions``: answered by the stream process
     (api/live/inference.py), where a generation does not hold a web worker. Here: a 307 there,
-    with a 60 s grant for the caller's key (clients drop Authorization across origins); the
+    with a one-use grant for the caller's key (clients drop Authorization across origins); the
     client re-sends its body (OpenAI's SDK follows redirects). A proxy that routes these paths
     to the stream process never lets them reach this view."""
 
-    parser_classes = [JSONBodyParser]  # the stream process reads JSON: nothing else goes on
+    class CompletionsView(APIView):
+        parser_classes = [JSONBodyParser]  # the stream process reads JSON: nothing else goes on
 
-    @extend_schema(
-        operation_id="completions_create",
-        tags=["inference"],
-        request=sz.CompletionRequest,
-        responses={
-            307: OpenApiResponse(description="to the stream process, which answers"),
-            **responses({}, 400, 403, 415, 503),
-        },
-    )
-    def post(self, request: Request) -> HttpResponse:
-        # Checked here too (the schema's fields; the rest passes through), so a client learns
-        # of a bad body at once.
-        check = sz.CompletionRequest(data=request.data)
-        if not isinstance(request.data, dict) or not check.is_valid():
-            field, problems = next(iter(check.errors.items())) if check.errors else ("body", [""])
-            raise InvalidRequest(
-                f"{field}: {problems[0] or 'the body must be a JSON object'}",
-                code="invalid_value",
-                param=str(field),
-            )
-        if not isinstance(request.auth, ApiKey):
-            raise PermissionDenied(
-                "Inference takes a project API key (Authorization: Bearer).",
-                code="api_key_required",
-            )
-        stream = settings.TRAINHUB_STREAM_URL
-        if not stream:
-            raise Unavailable(
-                "Completions are served by the stream process; the operator has not set "
-                "TRAINHUB_STREAM_URL.",
-                code="stream_url_unset",
-            )
-        location = f"{stream.rstrip('/')}{request.path}?grant={grant_for(request.auth)}"
-        return HttpResponse(status=307, headers={"Location": location})
+        @extend_schema(
+            operation_id=operation_id,
+            tags=["inference"],
+            request=sz.CompletionRequest,
+            responses={
+                307: OpenApiResponse(description="to the stream process, which answers"),
+                **responses({}, 400, 403, 415, 503),
+            },
+        )
+        def post(self, request: Request) -> HttpResponse:
+            # Checked here too (the schema's fields; the rest passes through), so a client
+            # learns of a bad body at once.
+            check = sz.CompletionRequest(data=request.data)
+            if not isinstance(request.data, dict) or not check.is_valid():
+                field, problems = (
+                    next(iter(check.errors.items())) if check.errors else ("body", [""])
+                )
+                raise InvalidRequest(
+                    f"{field}: {problems[0] or 'the body must be a JSON object'}",
+                    code="invalid_value",
+                    param=str(field),
+                )
+            if not isinstance(request.auth, ApiKey):
+                raise PermissionDenied(
+                    "Inference takes a project API key (Authorization: Bearer).",
+                    code="api_key_required",
+                )
+            stream = settings.TRAINHUB_STREAM_URL
+            if not stream:
+                raise Unavailable(
+                    "Completions are served by the stream process; the operator has not set "
+                    "TRAINHUB_STREAM_URL.",
+                    code="stream_url_unset",
+                )
+            location = f"{stream.rstrip('/')}{request.path}?grant={grant_for(request.auth)}"
+            return HttpResponse(status=307, headers={"Location": location})
+
+    return CompletionsView
+
+
+ChatCompletionsView = completions_view("chat_completions_create")
+CompletionsView = completions_view("completions_create")

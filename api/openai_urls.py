@@ -27,7 +27,7 @@ urlpatterns = [
     *route("fine_tuning/jobs/<str:job_id>/artifacts", views.JobArtifactListView.as_view()),
     *route("fine_tuning/jobs/<str:job_id>/deploy", inference_views.JobDeployView.as_view()),
     *route("models", inference_views.ModelListView.as_view()),
-    *route("chat/completions", inference_views.CompletionsView.as_view()),
+    *route("chat/completions", inference_views.ChatCompletionsView.as_view()),
     *route("completions", inference_views.CompletionsView.as_view()),
     # A model's id holds '/' and ':' (ft:owner/name:…): the rest of the path is the id.
     path("models/<path:model>", inference_views.ModelDetailView.as_view()),

@@ -16,6 +16,7 @@ from django.core import signing
 
 from api.inference_grant import GRANT_SALT, grant_for
 from jobs.models import ApiKey
+from jobs.services.accounts.projects import api_key_revoke
 from tests.support.api import assert_error
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -71,3 +72,6 @@ def test_the_stream_process_refuses_before_any_server_is_called(
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert post(json=ASK, params={"grant": grant}).status_code == 401, "a grant is used once"
     assert httpx.get(url, headers=bearer).status_code == 405
+    pending = grant_for(key)
+    api_key_revoke(key=key)
+    assert post(json=ASK, params={"grant": pending}).status_code == 401, "a revoked key's grant"
