@@ -272,6 +272,22 @@ def _legend(drawn: Sequence[tuple[Series, list[Point]]], lay: Layout) -> str:
 TRAIN_COLOR, EVAL_COLOR, LR_COLOR = "#0969da", "#cf222e", "#8250df"
 
 
+def _small_chart(
+    series: Series, title: str, y_label: str, css: str, total_steps: int | None, max_points: int
+) -> str:
+    """One series under the loss chart, on the same step axis and from zero."""
+    return line_chart(
+        [series],
+        title=title,
+        y_label=y_label,
+        x_max=total_steps,
+        y_from_zero=True,
+        max_points=max_points,
+        layout=Layout(height=150, top=24),
+        css_class=f"th-chart {css}",
+    )
+
+
 def training_charts(
     *,
     loss: Sequence[Point],
@@ -296,26 +312,15 @@ def training_charts(
         css_class="th-chart th-loss",
     )
     if _clean(eval_score):
-        losses += line_chart(
-            [Series("eval score", eval_score, EVAL_COLOR, markers=True)],
-            title="Eval score (the job's grader, 0 to 1)",
-            y_label="score",
-            x_max=total_steps,
-            y_from_zero=True,
-            max_points=max_points,
-            layout=Layout(height=150, top=24),
-            css_class="th-chart th-eval-score",
-        )
+        losses += _small_chart(
+            Series("eval score", eval_score, EVAL_COLOR, markers=True),
+            "Eval score (the job's grader, 0 to 1)", "score", "th-eval-score", total_steps,
+            max_points,
+        )  # fmt: skip
     if not _clean(lr):
         return losses
-    rates = line_chart(
-        [Series("learning rate", lr, LR_COLOR)],
-        title="Learning rate",
-        y_label="lr",
-        x_max=total_steps,
-        y_from_zero=True,
-        max_points=max_points,
-        layout=Layout(height=150, top=24),
-        css_class="th-chart th-lr",
-    )
+    rates = _small_chart(
+        Series("learning rate", lr, LR_COLOR), "Learning rate", "lr", "th-lr", total_steps,
+        max_points,
+    )  # fmt: skip
     return losses + rates

@@ -1,6 +1,7 @@
 """An adapter bundle fetched for serving: downloaded from its signed URL, checked against the
-sha256 the control plane recorded and against its own manifest, and unpacked into a cache
-folder named by that sha256 (a second load of the same bytes reuses it). Nothing that fails a
+sha256 the control plane recorded and against its own manifest, and its adapter unpacked
+(gpu_worker.lineage.unpack_adapter, as a job continuing a parent does) into a cache folder
+named by that sha256 (a second load of the same bytes reuses it). Nothing that fails a
 check is ever handed to the engine.
 
 This is trainhub's one addition to vLLM's ``load_lora_adapter`` body: ``lora_path`` may be an
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 
-from gpu_worker import checkpoints, transfer
+from gpu_worker import transfer
 from gpu_worker.errors import ExecutorError
+from gpu_worker.lineage import unpack_adapter
 from gpu_worker.serving.engine import EngineError
-from trainhub_contract.bundle import MANIFEST, BundleError, verify_bundle
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _URL = re.compile(r"^(https?|file)://")
@@ -45,14 +45,11 @@ def fetch_adapter(url: str, sha256: object, cache: Path) -> Path:
         tar = work / "adapter.tar"
         try:
             transfer.download(url, tar, sha256=sha256, what="adapter bundle")
-            listed = {f.path for f in verify_bundle(checkpoints.file_chunks(tar)).files}
-        except (ExecutorError, BundleError) as exc:
+            unpack_adapter(tar, work / "adapter")  # manifest checked; config and weights only
+        except ExecutorError as exc:
             raise EngineError(
                 f"the adapter bundle was not loaded: {exc.message}", param="lora_path"
             ) from exc
-        with tarfile.open(tar, mode="r:") as bundle:
-            members = [m for m in bundle.getmembers() if m.name != MANIFEST and m.name in listed]
-            bundle.extractall(work / "adapter", members=members, filter="data")
         try:
             (work / "adapter").rename(folder)  # whole or not at all: a crash leaves .fetch-*
         except OSError:
