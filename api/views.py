@@ -443,10 +443,10 @@ class CredentialListView(APIView):
     )
     def post(self, request: Request) -> Response:
         body = _body(request, ("provider", "name", "secrets"))
-        name = body.get("name") or "default"
-        if not isinstance(name, str) or len(name) > 100:
+        name = body.get("name", "default")
+        if not isinstance(name, str) or not 1 <= len(name) <= 100:
             raise InvalidRequest(
-                "name must be a string of at most 100 characters.",
+                "name must be a string of 1 to 100 characters.",
                 code="invalid_value",
                 param="name",
             )

@@ -145,6 +145,15 @@ def test_create_before_validation_of_a_broken_file_fails_the_job(api, make_file)
         ({"max_runtime_seconds": 1}, "max_runtime_seconds", "invalid_value"),
         ({"max_attempts": 11}, "max_attempts", "invalid_value"),
         ({"suffix": 5}, "suffix", None),
+        # Falsy wrong types are refused, never read as "not given".
+        ({"suffix": 0}, "suffix", None),
+        ({"suffix": False}, "suffix", None),
+        ({"method": {"type": "supervised", "supervised": 0}}, "method.supervised", None),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": False}}},
+            "method.supervised.hyperparameters",
+            "invalid_type",
+        ),
         # PostgreSQL refuses NUL in text: a 400 naming the field, not a 500.
         ({"suffix": "a\x00b"}, "suffix", "invalid_value"),
         ({"training_file": "file-\x00"}, "training_file", "invalid_value"),

@@ -53,12 +53,12 @@ def _method_hyperparameters(method: object) -> tuple[str, dict[str, Any]]:
         raise _error(
             f"method.{unknown[0]} does not go with method.type '{kind}'.", f"method.{unknown[0]}"
         )
-    block = method.get(kind) or {}
+    block = {} if method.get(kind) is None else method[kind]
     if not isinstance(block, Mapping) or set(block) - {"hyperparameters"}:
         raise _error(
             f"method.{kind} must be an object with only 'hyperparameters'.", f"method.{kind}"
         )
-    hyper = block.get("hyperparameters") or {}
+    hyper = {} if block.get("hyperparameters") is None else block["hyperparameters"]
     if not isinstance(hyper, Mapping):
         raise _error(
             f"method.{kind}.hyperparameters must be an object.",

@@ -185,7 +185,7 @@ def _parse_job(project: Project, data: Mapping[str, Any]) -> dict[str, Any]:
             "model",
             "model_not_found",
         )
-    suffix = data.get("suffix") or ""
+    suffix = "" if data.get("suffix") is None else data["suffix"]  # 0 or false is a wrong type
     if not isinstance(suffix, str) or len(suffix) > 64:
         raise _param_error("suffix must be a string of at most 64 characters.", "suffix")
     validation_id = data.get("validation_file")
