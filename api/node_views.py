@@ -27,6 +27,7 @@ from jobs.models import GpuNode
 from jobs.services.core import attempts
 from jobs.services.fleet import nodes as node_services
 from jobs.services.scheduling import dispatch
+from jobs.services.serving import node_servers
 
 
 class OperatorPermission(BasePermission):
@@ -173,9 +174,10 @@ class NodeClaimView(_NodeView):
 
 
 class NodeHeartbeatView(_NodeView):
-    """``POST nodes/{name}/heartbeat/ {"registration"?, "running"?, "stopping"?, "models"?}``:
-    the node is alive (registering now and then, or saying goodbye; ``models``: the base models
-    it has cached, when it registers or they changed). The answer lists the attempts it must
+    """``POST nodes/{name}/heartbeat/ {"registration"?, "running"?, "stopping"?, "models"?,
+    "server"?}``: the node is alive (registering now and then, or saying goodbye; ``models``:
+    the base models it has cached, when it registers or they changed; ``server``: its inference
+    server, when it started, stopped or changed). The answer lists the attempts it must
     stop, ``{"cancel": [{"job_id", "attempt"}]}``: nodes cannot be sent anything else. A body
     with any bad part is refused whole (400 naming it) before anything is stored."""
 
@@ -198,12 +200,16 @@ class NodeHeartbeatView(_NodeView):
                 "running must be [job_id, attempt].", code="invalid_value", param="running"
             )
         models = node_services.parse_cached_models(body.get("models"))
+        server = body.get("server")
+        server = None if server is None else node_servers.parse_server_report(server)
         if body.get("stopping") is True:
             node_services.node_stopping(node=node)
         elif registration is not None:
             node_services.node_register(node=node, report=registration, models=models)
         else:
             node_services.node_heartbeat(node=node, models=models)
+        if server is not None and body.get("stopping") is not True:
+            node_servers.node_server_report(node=node, report=server)
         cancel = node_services.node_stop_requests(
             node=node, running=tuple(running) if running else None
         )

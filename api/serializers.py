@@ -414,7 +414,7 @@ def _credential_create(kind: str, fields: tuple[str, ...]) -> type[Body]:
         (s.Serializer,),
         {
             "provider": _enum([kind]),
-            "name": s.CharField(required=False, max_length=100),
+            "name": s.CharField(required=False, min_length=1, max_length=100),
             "secrets": field(help_text="write-only: stored encrypted, never returned"),
         },
     )
@@ -552,6 +552,11 @@ class NodeHeartbeat(Body):
         max_length=MAX_MODELS,
         help_text="the base models cached on the node: hub ids 'owner/name' and absolute "
         "paths (gpu_worker/agent/model_cache.py)",
+    )
+    server = AnyObject(
+        required=False,
+        help_text="a serving node's inference server: {base_model, url, loader_url, api_key, "
+        "max_adapters, instance}, or {down: reason} (jobs/services/serving/node_servers.py)",
     )
 
 

@@ -3,6 +3,8 @@
     python -m gpu_worker run SPEC.json [--workdir DIR] [--cancel-file PATH]
                                        [--checkpoint-every-steps N] [--checkpoint-every-seconds S]
     python -m gpu_worker warm
+    python -m gpu_worker serve-loader ENGINE_URL [--host H] [--port P] [--api-key KEY]
+                                                 [--adapter-cache DIR]
     python -m gpu_worker make-tiny-model DIR [--seed N]
     python -m gpu_worker serve MODEL [--host H] [--port P] [--max-adapters N]
                                      [--served-model-name NAME] [--api-key KEY]
@@ -16,7 +18,8 @@
 node's warm executor, gpu_worker.warm). ``serve`` answers vLLM's OpenAI-compatible API with
 MODEL and the LoRA adapters loaded into it at run time (gpu_worker.serving); it prints
 ``serving on http://HOST:PORT`` once it listens (``--port 0``: a free port) and stops on
-SIGTERM or SIGINT.
+SIGTERM or SIGINT. ``serve-loader`` runs beside a vLLM server, loading adapter bundles into it
+from their signed URLs once checked (gpu_worker.serving.loader).
 While training runs, what the process writes to stdout/stderr and what it logs also become
 ``log`` events (gpu_worker.logcapture: rate-capped, secrets masked), and still reach stdout and
 stderr unchanged.
@@ -45,6 +48,7 @@ import signal
 import sys
 import tempfile
 import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
@@ -96,6 +100,18 @@ def _parser() -> argparse.ArgumentParser:
                        help="where fetched adapter bundles are unpacked, by sha256")  # fmt: skip
     serve.add_argument("--api-key", default=os.environ.get("TRAINHUB_SERVE_API_KEY"),
                        help="require this bearer token on /v1 (default $TRAINHUB_SERVE_API_KEY)")  # fmt: skip
+
+    loader = sub.add_parser(
+        "serve-loader",
+        help="beside a vLLM server: load adapter bundles from their signed URLs, checked, by path",
+    )
+    loader.add_argument("engine_url", help="the vLLM server's base URL, e.g. http://127.0.0.1:8000")
+    loader.add_argument("--host", default="127.0.0.1")
+    loader.add_argument("--port", type=int, default=8101, help="0: a free port")
+    loader.add_argument("--adapter-cache", type=Path, default=None,
+                        help="where fetched adapter bundles are unpacked, by sha256")  # fmt: skip
+    loader.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                        help="vLLM's key: required of callers, sent to vLLM (default $VLLM_API_KEY)")  # fmt: skip
 
     tiny = sub.add_parser("make-tiny-model", help="build the tiny offline test model into DIR")
     tiny.add_argument("dir", type=Path)
@@ -209,9 +225,23 @@ def _serve(args: argparse.Namespace) -> int:
     from gpu_worker.serving.server import make_server
 
     engine = Engine(args.model, max_adapters=args.max_adapters, served_name=args.served_model_name)
-    cache = args.adapter_cache or Path(tempfile.gettempdir()) / "trainhub-adapters"
-    server = make_server(engine, args.host, args.port, args.api_key, cache)
+    return _serve_until_signalled(make_server(engine, args.host, args.port, args.api_key,
+                                              _adapter_cache(args)))  # fmt: skip
 
+
+def _serve_loader(args: argparse.Namespace) -> int:
+    from gpu_worker.serving.loader import make_loader
+
+    return _serve_until_signalled(
+        make_loader(args.engine_url, args.host, args.port, args.api_key, _adapter_cache(args))
+    )
+
+
+def _adapter_cache(args: argparse.Namespace) -> Path:
+    return args.adapter_cache or Path(tempfile.gettempdir()) / "trainhub-adapters"
+
+
+def _serve_until_signalled(server: ThreadingHTTPServer) -> int:
     def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
@@ -237,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpu_worker.warm import serve
 
         return serve(main)
+    if args.command == "serve-loader":
+        return _serve_loader(args)
     if args.command == "serve":
         return _serve(args)
     if args.command == "make-tiny-model":

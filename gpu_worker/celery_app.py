@@ -18,6 +18,9 @@ control, events, gossip or mingle (all of which publish to shared channels).
   stops itself (SIGTERM to the worker: a warm shutdown) after its one job.
 - The pool process starts the first attempt's executor ahead, its imports done
   (gpu_worker.warm); the supervisor starts the next one after each attempt.
+- With the serving role (``TRAINHUB_NODE_SERVE_MODEL``), the main process also runs an
+  inference server and its adapter loader (gpu_worker.agent.serving); the server goes with the
+  next heartbeat once it is up, and again whenever it restarts.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from gpu_worker.agent import node as node_settings
 from gpu_worker.agent import supervisor
 from gpu_worker.agent.model_cache import ModelCache
 from gpu_worker.agent.node_api import NodeApi
+from gpu_worker.agent.serving import ServingRole
 from trainhub_contract import celery_conf as cc
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,8 @@ app.conf.update(
     },
 )
 _stop = threading.Event()
+_wake = threading.Event()  # a heartbeat now: the serving role has news
+SERVING = ServingRole(NODE.serve, on_change=_wake.set) if NODE.serve is not None else None
 
 
 @app.task(name=cc.RUN_ATTEMPT, bind=True, ignore_result=True)
@@ -94,15 +100,20 @@ def _heartbeats(hostname: str) -> None:
         if beats % REREGISTER_EVERY == 0:
             report = node_settings.registration(NODE, hostname, process)
         models = cache.to_send(registering=report is not None) if cache is not None else None
+        server = SERVING.to_send(registering=report is not None) if SERVING is not None else None
         try:
-            api.heartbeat(registration=report, models=models)
+            api.heartbeat(registration=report, models=models, server=server)
             beats += 1
             if cache is not None:
                 cache.delivered(models)
+            if SERVING is not None:
+                SERVING.delivered(server)
         except Exception as exc:  # the control plane may be restarting: the next beat tries
             log.warning("heartbeat failed: %s", exc)
             beats = 0  # register again once it answers
-        if _stop.wait(NODE.heartbeat_seconds):
+        _wake.wait(NODE.heartbeat_seconds)
+        _wake.clear()
+        if _stop.is_set():
             return
 
 
@@ -112,6 +123,8 @@ def _start_heartbeats(sender: Any = None, **_: object) -> None:
     threading.Thread(
         target=_heartbeats, args=(hostname,), name="node-heartbeat", daemon=True
     ).start()
+    if SERVING is not None:
+        SERVING.start()
     log.info("node %s ready on queue %s", NODE.name, NODE.queue)
 
 
@@ -124,6 +137,9 @@ def _warm_up(**_: object) -> None:
 @worker_shutting_down.connect
 def _say_goodbye(**_: object) -> None:
     _stop.set()
+    _wake.set()
+    if SERVING is not None:
+        SERVING.stop()  # the engine stops with the agent; the goodbye takes its server along
     try:
         NodeApi(NODE).heartbeat(stopping=True)
     except Exception as exc:

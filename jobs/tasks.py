@@ -19,7 +19,7 @@ from jobs.services.fleet import nodes
 from jobs.services.outbound import notifications, webhook_delivery
 from jobs.services.outbox import messages
 from jobs.services.scheduling import dispatch, placement
-from jobs.services.serving import deployments
+from jobs.services.serving import deployments, node_servers
 from providers import registry
 from trainhub_contract import celery_conf as cc
 
@@ -99,6 +99,11 @@ def place_deployment(deployment_pk: int) -> None:
 def place_deployments(base_model: str) -> None:
     for pk in deployments.deployments_waiting(base_model):
         deployments.deployment_place(deployment_pk=pk)
+
+
+@task(cc.NODE_SERVERS_LOST)
+def node_servers_lost(node_pk: int) -> None:
+    node_servers.node_servers_lost(node_pk=node_pk)
 
 
 @task(cc.EXPIRE_LEASES)

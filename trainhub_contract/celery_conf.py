@@ -37,6 +37,7 @@ NOTIFY_JOB = "trainhub.notify_job"  # a job ended: its creator's notification (e
 # Inference: load a deployment on a server; place every waiting one of a base model.
 PLACE_DEPLOYMENT = "trainhub.place_deployment"
 PLACE_DEPLOYMENTS = "trainhub.place_deployments"
+NODE_SERVERS_LOST = "trainhub.node_servers_lost"  # a serving node went offline
 # Outbound webhooks: one try of one delivery; beat sends the due retries.
 DELIVER_WEBHOOK = "trainhub.deliver_webhook"
 WEBHOOKS_DUE = "trainhub.webhooks_due"

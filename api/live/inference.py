@@ -41,8 +41,7 @@ from api.live.auth import authenticate
 from jobs.crypto import decrypt_json
 from jobs.models import ApiKey, Deployment, InferenceServer
 from jobs.services.outbox import messages
-from jobs.services.serving.deployments import deployments_orphaned
-from jobs.services.serving.servers import server_mark_offline
+from jobs.services.serving.deployments import server_lost
 
 if TYPE_CHECKING:
     from asgiref.sync import SyncToAsync as database_sync_to_async
@@ -113,7 +112,7 @@ def _lookup(key: ApiKey, model: str) -> Route:
     """The server for ``model`` in the key's project; NotLoaded for a deployed adapter that is
     not loaded on an online server now."""
     deployment = (
-        Deployment.objects.select_related("server", "job")
+        Deployment.objects.select_related("server")  # not "job": ~70 columns nothing here reads
         .filter(job__project=key.project, undeployed_at__isnull=True, name=model)
         .first()
     )
@@ -168,8 +167,7 @@ def _server_lost(route: Route, reason: str) -> None:
     """The server did not answer: offline, and its adapters to be placed elsewhere."""
     server = InferenceServer.objects.filter(pk=route.server_pk).first()
     if server is not None:
-        server_mark_offline(server, reason)
-        deployments_orphaned(server)
+        server_lost(server, reason)
 
 
 @database_sync_to_async
@@ -293,8 +291,8 @@ class InferenceRelay:
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue
-                if line == "data: [DONE]":
-                    break
+                if line == "data: [DONE]":  # read on to the body's end: the connection then
+                    continue  # goes back to the pool instead of being closed
                 chunk = json.loads(line.removeprefix("data: "))
                 chunk["model"] = model
                 if chunk.get("usage"):
@@ -303,7 +301,8 @@ class InferenceRelay:
                         continue
                 await send({"type": "http.response.body", "more_body": True,
                             "body": f"data: {json.dumps(chunk)}\n\n".encode()})  # fmt: skip
-            await _count(route.deployment_pk, usage)  # before the end: a client may look next
+            if route.deployment_pk is not None:  # a base model's: nothing to count, no thread hop
+                await _count(route.deployment_pk, usage)  # before the end: a client may look next
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             await response.aclose()

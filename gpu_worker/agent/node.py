@@ -23,6 +23,7 @@ Read once from the environment of ``celery -A gpu_worker.celery_app worker``:
 | ``TRAINHUB_NODE_MODEL_SCAN_SECONDS`` | rescan the model caches at least this often (300); a change of the directories rescans sooner |
 | ``HF_HUB_CACHE`` / ``HF_HOME`` | the Hugging Face hub cache whose complete snapshots are reported as cached (gpu_worker.agent.model_cache) |
 | ``TRAINHUB_NODE_WARM_EXECUTOR`` | ``0``: start every executor cold; default on (not on an ephemeral node): the next attempt's executor is started ahead with its imports done (gpu_worker.warm) |
+| ``TRAINHUB_NODE_SERVE_*`` | the serving role: an inference server for one base model (gpu_worker.agent.serving_config) |
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from gpu_worker.agent import model_cache
+from gpu_worker.agent.serving_config import ServeConfig, serve_config_from
 from trainhub_contract import celery_conf
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -71,6 +73,7 @@ class NodeConfig:
     # Keep the next executor started ahead (gpu_worker.warm). config_from turns it on; off
     # here, so a NodeConfig built by hand (tests, tools) starts no background process.
     warm_executor: bool = False
+    serve: ServeConfig | None = None  # the serving role (gpu_worker.agent.serving)
 
     @property
     def queue(self) -> str:
@@ -144,6 +147,7 @@ def config_from(env: dict[str, str]) -> NodeConfig:
             env.get("TRAINHUB_NODE_MODEL_SCAN_SECONDS") or model_cache.DEFAULT_SCAN_SECONDS
         ),
         warm_executor=warm and not ephemeral,  # an ephemeral node has no next attempt
+        serve=serve_config_from(env, Path(workdir)),
     )
 
 

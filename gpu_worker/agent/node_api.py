@@ -116,6 +116,7 @@ class NodeApi:
         running: tuple[str, int] | None = None,
         stopping: bool = False,
         models: list[str] | None = None,
+        server: dict[str, Any] | None = None,
     ) -> dict[tuple[str, int], StopMode]:
         """Say the node is alive; returns the attempts the control plane wants stopped, and how
         (``running``, what this node runs, among them once it is cancelled, paused or ended)."""
@@ -126,6 +127,8 @@ class NodeApi:
             body["running"] = list(running)
         if models is not None:
             body["models"] = models
+        if server is not None:
+            body["server"] = server
         resp = self._session.post(f"{self._base}/heartbeat/", json=body, timeout=TIMEOUT)
         resp.raise_for_status()
         stops: dict[tuple[str, int], StopMode] = {}

@@ -26,11 +26,8 @@ memory is freed with each attempt as before.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -39,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.agent.children import child_env, die_with_parent, signal_group
 from gpu_worker.agent.node import NodeConfig
 from gpu_worker.agent.node_api import NodeApi, checked_ids, events_url
 from gpu_worker.errors import INTERNAL_ERROR
@@ -51,23 +49,10 @@ log = logging.getLogger(__name__)
 # The supervisor's own final event uses a seq far above any the executor reaches, so the
 # control plane's (attempt, seq) key never confuses the two.
 SUPERVISOR_SEQ = 2_000_000_000
-_PR_SET_PDEATHSIG = 1
-# What the executor may inherit from the node's environment: never its token or broker URL.
-_NODE_SECRETS = ("TRAINHUB_NODE_TOKEN", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
 
 
 # The next attempt's executor, started ahead (gpu_worker.warm); None: the next start is cold.
 _warm: WarmExecutor | None = None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the supervisor goes away (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _executor_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _NODE_SECRETS}
 
 
 def prepare_warm(node: NodeConfig) -> None:
@@ -78,7 +63,7 @@ def prepare_warm(node: NodeConfig) -> None:
     if not node.warm_executor or (_warm is not None and _warm.proc.poll() is None):
         return
     try:
-        _warm = WarmExecutor.spawn(_executor_env(), preexec_fn=_die_with_parent)
+        _warm = WarmExecutor.spawn(child_env(), preexec_fn=die_with_parent)
     except OSError as exc:
         log.warning("could not start a warm executor (the next start is cold): %s", exc)
         _warm = None
@@ -96,9 +81,9 @@ def _start_executor(args: list[str], attempt_env: dict[str, str]) -> tuple[Any, 
         log.warning("the warm executor could not take the attempt; starting it cold")
     proc = subprocess.Popen(  # noqa: S603 - this interpreter running the executor
         [sys.executable, "-m", "gpu_worker", *args],
-        env={**_executor_env(), **attempt_env},
+        env={**child_env(), **attempt_env},
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
     return proc, "cold"
 
@@ -214,16 +199,11 @@ def _wait(
             limit = pause_grace if mode is StopMode.PAUSE and pause_grace is not None else grace
             if asked is not None and now - asked > limit:
                 log.warning("executor still running %.0f s after the %s: SIGTERM", limit, mode)
-                _signal_group(proc, signal.SIGTERM)
+                signal_group(proc, signal.SIGTERM)
                 termed = now
         elif now - termed > grace:
             log.warning("executor ignored SIGTERM for %.0f s: SIGKILL", grace)
-            _signal_group(proc, signal.SIGKILL)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
+            signal_group(proc, signal.SIGKILL)
 
 
 def _report_death(sink: HttpSink, job_id: str, attempt: int, code: int, signalled: bool) -> None:

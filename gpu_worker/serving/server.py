@@ -153,17 +153,19 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._fail(404, f"No route {path}.")
 
-    def do_POST(self) -> None:
-        routes: dict[str, Callable[[dict[str, Any]], None]] = {
+    def post_routes(self) -> dict[str, Callable[[dict[str, Any]], None]]:
+        return {
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completion,
             "/v1/load_lora_adapter": self._load,
             "/v1/unload_lora_adapter": self._unload,
         }
+
+    def do_POST(self) -> None:
         path = self.path.split("?", 1)[0].rstrip("/")
         if not self._authorized():
             return
-        route = routes.get(path)
+        route = self.post_routes().get(path)
         if route is None:
             self._fail(404, f"No route {path}.")
             return

@@ -4,7 +4,9 @@ from django.db import models
 class InferenceServer(models.Model):
     """A server answering vLLM's OpenAI-compatible API for one base model, loading adapters at
     run time: vLLM with ``--enable-lora`` or ``python -m gpu_worker serve``. Registered by an
-    operator (``manage.py register_server``); its API key is encrypted at rest."""
+    operator (``manage.py register_server``), or by a GPU node with the serving role (with its
+    heartbeat: ``node`` is set, and the server lives and dies with the node). Its API key is
+    encrypted at rest."""
 
     class Status(models.TextChoices):
         ONLINE = "online"
@@ -17,6 +19,17 @@ class InferenceServer(models.Model):
     )
     served_name = models.CharField(max_length=300, help_text="what the server calls its base")
     api_key_ciphertext = models.TextField(blank=True, editable=False)
+    loader_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text="where adapters are loaded and unloaded, when not at url (a node's loader "
+        "beside vLLM, which fetches and checks a bundle and hands vLLM its local path)",
+    )
+    node = models.ForeignKey(
+        "jobs.GpuNode", null=True, blank=True, on_delete=models.CASCADE, related_name="servers"
+    )
+    # Which run of the server process: a new one has lost every adapter the last one held.
+    instance = models.CharField(max_length=100, blank=True)
     max_adapters = models.PositiveSmallIntegerField(default=4)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ONLINE)
     status_detail = models.CharField(max_length=500, blank=True)

@@ -97,7 +97,11 @@ def test_list_shows_field_names_only(api, other_client) -> None:
         ({"provider": "runpod", "name": 5, "secrets": {"api_key": "x"}}, "name", "invalid_value"),
         # Falsy values are wrong types too, never quietly the default name (schemathesis found 0).
         *[
-            ({"provider": "runpod", "name": bad, "secrets": {"api_key": "x"}}, "name", "invalid_value")
+            (
+                {"provider": "runpod", "name": bad, "secrets": {"api_key": "x"}},
+                "name",
+                "invalid_value",
+            )
             for bad in (0, None, "", False, [])
         ],
         (

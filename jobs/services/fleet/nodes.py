@@ -135,6 +135,7 @@ def node_settle(*, node_pk: int) -> str:
             GpuNode.objects.filter(pk=node.pk).update(status=status)
             if status == N.OFFLINE:
                 _audit(node, "offline", _why_offline(node))
+                messages.send_node_servers_lost(node.pk)
             elif status == N.IDLE:  # a node free for work: look for a job
                 messages.send_dispatch()
     return status

@@ -76,6 +76,11 @@ def send_place_deployments(base_model: str) -> None:
     _send(cc.PLACE_DEPLOYMENTS, base_model)
 
 
+def send_node_servers_lost(node_pk: int) -> None:
+    """A node went offline: its inference servers are down, their adapters placed elsewhere."""
+    _send(cc.NODE_SERVERS_LOST, node_pk)
+
+
 def send_purge_storage(deletion_pk: int) -> None:
     _send(cc.PURGE_STORAGE, deletion_pk)
 

@@ -91,7 +91,7 @@ def deployment_place(*, deployment_pk: int) -> Deployment | None:
                 deployment.server, deployment.loaded_at = server, timezone.now()
                 return _settle(deployment, Deployment.State.LOADED, f"loaded on {server.name}")
         except ServerUnavailable as exc:
-            server_mark_offline(server, str(exc))
+            server_lost(server, str(exc))
         except LoadRefused as exc:
             return _settle(deployment, Deployment.State.FAILED, str(exc))
     return _settle(
@@ -127,8 +127,16 @@ def deployments_waiting(base_model: str) -> list[int]:
     )
 
 
+def server_lost(server: InferenceServer, reason: str) -> None:
+    """``server`` is down (a call to it failed, its node went offline): it is not chosen until
+    it is registered again, and what it held is placed elsewhere."""
+    server_mark_offline(server, reason)
+    deployments_orphaned(server)
+
+
 def deployments_orphaned(server: InferenceServer) -> None:
-    """``server`` went away: what it held is loaded nowhere now, and is placed again."""
+    """``server`` lost its adapters (down, or restarted): they are loaded nowhere now, and are
+    placed again."""
     held = list(Deployment.objects.filter(LIVE, server=server).values_list("pk", flat=True))
     Deployment.objects.filter(pk__in=held).update(
         server=None, state=Deployment.State.PENDING, detail=f"{server.name} went offline"
@@ -144,7 +152,7 @@ def deployment_delete(*, deployment: Deployment, actor: Actor = SYSTEM) -> None:
         try:
             server_unload(deployment.server, deployment.name)
         except ServerUnavailable as exc:
-            server_mark_offline(deployment.server, str(exc))
+            server_lost(deployment.server, str(exc))
     with transaction.atomic():
         Deployment.objects.filter(pk=deployment.pk).update(
             undeployed_at=timezone.now(), server=None, state=Deployment.State.PENDING

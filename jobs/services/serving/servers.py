@@ -1,6 +1,7 @@
 """Inference servers: an operator registers one (``manage.py register_server``), and trainhub
 calls its runtime LoRA endpoints (vLLM's ``/v1/load_lora_adapter`` and
-``/v1/unload_lora_adapter``), each call bounded in time. A server that cannot be reached is
+``/v1/unload_lora_adapter``, at its ``loader_url`` when it has one), each call bounded in time.
+A GPU node with the serving role registers its own (jobs.services.serving.node_servers). A server that cannot be reached is
 marked offline and no longer chosen."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.crypto import decrypt_json, encrypt_json
-from jobs.models import InferenceServer
+from jobs.models import GpuNode, InferenceServer
 from jobs.services.accounts.audit import (
     SYSTEM,
     Actor,
@@ -45,12 +46,19 @@ def server_register(
     served_name: str,
     api_key: str | None,
     max_adapters: int = 4,
+    loader_url: str = "",
+    node: GpuNode | None = None,
+    instance: str = "",
     actor: Actor = SYSTEM,
 ) -> InferenceServer:
     """Register a server, or update the one of that name (back online); deployments waiting
-    for a server of its base model are placed."""
+    for a server of its base model are placed. ``loader_url``: where its adapters are loaded,
+    when not at ``url``; ``node``: the GPU node that runs it; ``instance``: which run of it."""
     fields = {
         "url": url.rstrip("/"),
+        "loader_url": loader_url.rstrip("/"),
+        "node": node,
+        "instance": instance,
         "base_model": base_model,
         "served_name": served_name,
         "max_adapters": max(1, max_adapters),
@@ -85,7 +93,10 @@ def _headers(server: InferenceServer) -> dict[str, str]:
 def _post(server: InferenceServer, path: str, body: dict[str, str], timeout: float) -> None:
     try:
         answer = requests.post(
-            server.url + path, json=body, headers=_headers(server), timeout=timeout
+            (server.loader_url or server.url) + path,
+            json=body,
+            headers=_headers(server),
+            timeout=timeout,
         )
     except requests.RequestException as exc:
         raise ServerUnavailable(f"{server.name} did not answer: {exc}") from exc
