@@ -3,7 +3,8 @@ failure mapped to a ``CliError`` with its exit code (API, auth, network).
 
 Paths are trainhub's ``/api/v1/...``; the base URL is the server's root. The key travels only
 in the ``Authorization`` header of requests to that server (and to the stream server it names),
-never to a redirect's other host (S3 downloads are fetched without it).
+never to a redirect's other host (S3 downloads are fetched without it; a completion's 307 to the
+stream process carries a grant instead).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ API = "/api/v1"
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 # A big upload is read by the server as it arrives; give the answer time once it is sent.
 UPLOAD_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+# A completion may wait on a model being loaded, then on a whole answer (not streamed): as long
+# as the stream process waits on the inference server (api/live/inference.py's read timeout).
+COMPLETION_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 CHUNK = 1 << 20
 MAX_RATE_LIMIT_WAIT = 10.0
 
@@ -203,6 +207,38 @@ class Api:
             raise _network_error(exc, url) from None
 
     @contextmanager
+    def completion(self, path: str, body: dict[str, Any]) -> Iterator[httpx.Response]:
+        """An OpenAI completion ``POST`` (``/chat/completions``) and its open 200 answer: SSE
+        when ``body`` asks to stream, else JSON; a refusal is a CliError.
+
+        The web server answers with a 307 to the stream process, whose one-use grant in the
+        query authenticates the request there (api/inference_views.py): the same body is posted
+        to it, with the key only when it is the same origin (as a browser would; the grant
+        suffices elsewhere, and a proxy that serves these paths itself answers at once)."""
+        url = f"{self.base_url}{API}{path}"
+        try:
+            with self.http.stream(
+                "POST", f"{API}{path}", json=body, timeout=COMPLETION_TIMEOUT
+            ) as resp:
+                location = resp.headers.get("location")
+                if resp.status_code not in (307, 308) or not location:
+                    _raise_unless_ok(resp)
+                    yield resp
+                    return
+            target = resp.url.join(location)
+            url = str(target.copy_with(query=None))  # the grant is not shown
+            same = _origin(target) == _origin(resp.url)
+            headers = self._headers if same else {"User-Agent": self._headers["User-Agent"]}
+            with (
+                httpx.Client(headers=headers, timeout=COMPLETION_TIMEOUT) as hop,
+                hop.stream("POST", target, json=body) as moved,
+            ):
+                _raise_unless_ok(moved)
+                yield moved
+        except httpx.HTTPError as exc:
+            raise _network_error(exc, url) from None
+
+    @contextmanager
     def stream_events(self, stream_base: str, path: str) -> Iterator[httpx.Response]:
         """An SSE response from the stream server (``stream_base`` + /api/v1 + ``path``)."""
         url = f"{stream_base}{API}{path}"
@@ -251,6 +287,17 @@ class Api:
 
 # api.views.JobEventListView's message: "…served by the stream process, at <URL>: connect…"
 _STREAM_AT = re.compile(r"\bat (https?://\S+?):(?:\s|$)")
+
+
+def _raise_unless_ok(resp: httpx.Response) -> None:
+    if not resp.is_success:
+        resp.read()
+        raise api_error(resp)
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host, url.port or default
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

@@ -14,7 +14,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # a bad command line (Click's own code for usage errors)
     API = 3  # the API refused the request (400, 404, 409, 429, 5xx…): its message and param
     AUTH = 4  # no API key, or the API refused it (401) or the action (403)
-    NETWORK = 5  # the server could not be reached (refused, DNS, TLS, timeout)
+    NETWORK = 5  # the server could not be reached (refused, DNS, TLS, timeout), a cut stream
     INTEGRITY = 6  # a download failed its SHA-256 / manifest check, or its archive is unsafe
     DATASET_INVALID = 7  # an uploaded file failed validation (its line-numbered errors shown)
     TIMEOUT = 8  # --timeout ran out while waiting (the job or file goes on)
@@ -31,7 +31,7 @@ Exit codes:
   2   usage error (bad command line)
   3   API error: the API refused the request (its message and param are shown)
   4   authentication error: no API key, or the key or the action was refused (401/403)
-  5   network error: the server could not be reached
+  5   network error: the server could not be reached (or an answer's stream was cut)
   6   integrity error: a download failed verification or its archive is unsafe
   7   the uploaded dataset is invalid (line-numbered errors are shown)
   8   timed out waiting (the job or file goes on)

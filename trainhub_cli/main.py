@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from trainhub_cli import __version__
-from trainhub_cli.commands import auth, files, jobs, nodes, providers
+from trainhub_cli.commands import auth, chat, files, jobs, nodes, providers
 from trainhub_cli.errors import EXIT_CODES_HELP, CliError, ExitCode
 from trainhub_cli.state import State, json_option
 
@@ -59,6 +59,7 @@ def app(ctx: click.Context, url: str | None) -> None:
     trainhub files upload data.jsonl
     trainhub jobs create --model meta-llama/Llama-3.2-1B-Instruct --training-file data.jsonl --watch
     trainhub jobs download ftjob-... ./out
+    trainhub chat ft:... "Hello!"
     """
     state = ctx.ensure_object(State)
     state.url = url
@@ -70,6 +71,7 @@ for group in (
     auth.show_config,
     files.files,
     jobs.jobs,
+    chat.chat,
     nodes.nodes,
     providers.providers,
 ):

@@ -162,6 +162,12 @@ async def _route(key: ApiKey, model: str) -> Route:
                      "model_loading", retry_after=LOAD_WAIT_SECONDS)  # fmt: skip
 
 
+def _error_event(model: str) -> bytes:
+    error = {"message": f"The server answering '{model}' stopped mid-answer; ask again.",
+             "type": "server_error", "param": None, "code": "server_unavailable"}  # fmt: skip
+    return f"data: {json.dumps({'error': error})}\n\n".encode()
+
+
 @database_sync_to_async
 def _server_lost(route: Route, reason: str) -> None:
     """The server did not answer: offline, and its adapters to be placed elsewhere."""
@@ -288,19 +294,26 @@ class InferenceRelay:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})  # fmt: skip
             usage = None
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":  # read on to the body's end: the connection then
-                    continue  # goes back to the pool instead of being closed
-                chunk = json.loads(line.removeprefix("data: "))
-                chunk["model"] = model
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    if not chunk.get("choices") and not client_wants_usage:
+            try:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
                         continue
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": f"data: {json.dumps(chunk)}\n\n".encode()})  # fmt: skip
+                    if line == "data: [DONE]":  # read on to the body's end: the connection
+                        continue  # then goes back to the pool instead of being closed
+                    chunk = json.loads(line.removeprefix("data: "))
+                    chunk["model"] = model
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                        if not chunk.get("choices") and not client_wants_usage:
+                            continue
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": f"data: {json.dumps(chunk)}\n\n".encode()})  # fmt: skip
+            except httpx.TransportError as exc:
+                # The answer has begun: it cannot be asked again elsewhere on this response.
+                # OpenAI's SDKs raise on an error event; the stream then ends without [DONE].
+                await _server_lost(route, f"broke off a streamed completion: {exc}")
+                await send({"type": "http.response.body", "body": _error_event(model)})
+                return
             if route.deployment_pk is not None:  # a base model's: nothing to count, no thread hop
                 await _count(route.deployment_pk, usage)  # before the end: a client may look next
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})

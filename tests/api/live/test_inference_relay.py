@@ -6,7 +6,11 @@ tests/e2e/test_inference.py."""
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest import mock
 from urllib.parse import parse_qs, urlsplit
 
@@ -17,6 +21,7 @@ from django.core import signing
 from api.inference_grant import GRANT_SALT, grant_for
 from jobs.models import ApiKey
 from jobs.services.accounts.projects import api_key_revoke
+from jobs.services.serving.servers import server_register
 from tests.support.api import assert_error
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -75,3 +80,54 @@ def test_the_stream_process_refuses_before_any_server_is_called(
     pending = grant_for(key)
     api_key_revoke(key=key)
     assert post(json=ASK, params={"grant": pending}).status_code == 401, "a revoked key's grant"
+
+
+class _CutOff(BaseHTTPRequestHandler):
+    """An inference server that streams two chunks of an answer and then drops the connection."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for word in ("Owl ", "one "):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "cut",
+                     "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}  # fmt: skip
+            data = f"data: {json.dumps(chunk)}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)  # no last chunk, no [DONE]: cut off
+
+
+def test_a_stream_cut_off_by_its_server_ends_with_an_error_event_and_the_server_is_taken_out(
+    stream_server, key_of, make_user
+) -> None:
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _CutOff)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    try:
+        server = server_register(name="cut", url=f"http://127.0.0.1:{upstream.server_port}",
+                                 base_model="acme/cut-llama", served_name="cut", api_key=None)  # fmt: skip
+        raw = key_of(make_user("carol-relay"))
+        body = {"model": "acme/cut-llama", "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        with httpx.stream("POST", stream_server.url + "/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {raw}"}, timeout=30) as answer:  # fmt: skip
+            assert answer.status_code == 200
+            events = [line.removeprefix("data: ") for line in answer.iter_lines()
+                      if line.startswith("data: ")]  # fmt: skip
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+    said = [json.loads(e) for e in events]
+    assert [c["choices"][0]["delta"]["content"] for c in said[:2]] == ["Owl ", "one "]
+    assert said[0]["model"] == "acme/cut-llama", "the caller's name for the model"
+    assert len(said) == 3 and said[2]["error"]["code"] == "server_unavailable"
+    assert "[DONE]" not in events, "a cut answer never looks finished"
+    server.refresh_from_db()
+    assert server.status == "offline" and "broke off" in server.status_detail
