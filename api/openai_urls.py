@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from api import inference_views, openai_views, presenters, views
+from api import export_views, inference_views, openai_views, presenters, views
 from api.routes import route
 
 urlpatterns = [
@@ -26,6 +26,7 @@ urlpatterns = [
     *route("fine_tuning/jobs/<str:job_id>/retry", views.JobRetryView.as_view()),
     *route("fine_tuning/jobs/<str:job_id>/artifacts", views.JobArtifactListView.as_view()),
     *route("fine_tuning/jobs/<str:job_id>/deploy", inference_views.JobDeployView.as_view()),
+    *route("fine_tuning/jobs/<str:job_id>/exports", export_views.JobExportListView.as_view()),
     *route("models", inference_views.ModelListView.as_view()),
     *route("chat/completions", inference_views.ChatCompletionsView.as_view()),
     *route("completions", inference_views.CompletionsView.as_view()),

@@ -11,6 +11,7 @@ from typing import Any
 from jobs.models import (
     Artifact,
     Deployment,
+    Export,
     GpuNode,
     JobEvent,
     NodeEvent,
@@ -319,6 +320,21 @@ def artifact_json(a: Artifact) -> dict[str, Any]:
         "sha256": a.sha256,
         "verified": a.verified,
         "created_at": ts(a.created_at),
+    }
+
+
+def export_json(e: Export) -> dict[str, Any]:
+    return {
+        "id": e.public_id,
+        "object": "fine_tuning.job.export",
+        "job_id": e.job.public_id,
+        "format": e.format,
+        "status": e.status,
+        "error": e.error or None,
+        "adapter_sha256": e.adapter_sha256,
+        "artifact": artifact_json(e.artifact) if e.artifact is not None else None,
+        "created_at": ts(e.created_at),
+        "finished_at": ts(e.finished_at) if e.finished_at else None,
     }
 
 

@@ -387,7 +387,8 @@ class Artifact(Body):
     id = s.CharField()
     object = _enum(["fine_tuning.job.artifact"])
     job_id = s.CharField()
-    kind = _enum(["adapter", "checkpoint", "logs"])
+    kind = _enum(["adapter", "checkpoint", "logs", "merged"],
+                 help_text="merged: an export, the adapter merged into its base")  # fmt: skip
     filename = s.CharField()
     bytes = s.IntegerField()
     sha256 = s.CharField()
@@ -396,6 +397,26 @@ class Artifact(Body):
 
 
 ArtifactList = page_of(Artifact, "ArtifactList")
+
+
+class ExportCreate(Body):
+    format = _enum(["merged_safetensors"], help_text="the adapter merged into its base model")
+
+
+class Export(Body):
+    id = s.CharField(help_text="ftexport-…")
+    object = _enum(["fine_tuning.job.export"])
+    job_id = s.CharField()
+    format = _enum(["merged_safetensors"])
+    status = _enum(["queued", "running", "succeeded", "failed"])
+    error = s.CharField(allow_null=True, help_text="failed: why")
+    adapter_sha256 = s.CharField(help_text="of the adapter bundle merged")
+    artifact = Artifact(allow_null=True, help_text="succeeded: the merged model's bundle")
+    created_at = s.IntegerField()
+    finished_at = s.IntegerField(allow_null=True)
+
+
+ExportList = page_of(Export, "ExportList")
 
 
 # --- credentials, providers, offers -----------------------------------------------------------

@@ -15,6 +15,7 @@ from jobs.errors import InvalidRequest, NotFound
 from jobs.models import (
     Artifact,
     Deployment,
+    Export,
     GpuNode,
     InferenceServer,
     JobEvent,
@@ -258,6 +259,10 @@ def result_file_get(project: Project, file_id: str) -> result_files.ResultFile:
 
 def artifact_list(*, job: TrainingJob) -> list[Artifact]:
     return list(job.artifacts.select_related("job").filter(verified=True).order_by("pk"))
+
+
+def export_list(*, job: TrainingJob) -> list[Export]:
+    return list(job.exports.select_related("job", "artifact__job").order_by("pk"))
 
 
 def artifact_get(*, project: Project, artifact_id: str) -> Artifact:

@@ -14,7 +14,7 @@ from celery import Task, shared_task
 
 from jobs.locks import single_runner
 from jobs.services.cloud import launch, polling, reconcile
-from jobs.services.core import artifacts, attempts, files, retention, runner, stopping
+from jobs.services.core import artifacts, attempts, exports, files, retention, runner, stopping
 from jobs.services.fleet import nodes
 from jobs.services.outbound import notifications, webhook_delivery
 from jobs.services.outbox import messages
@@ -99,6 +99,11 @@ def place_deployment(deployment_pk: int) -> None:
 def place_deployments(base_model: str) -> None:
     for pk in deployments.deployments_waiting(base_model):
         deployments.deployment_place(deployment_pk=pk)
+
+
+@task(cc.RUN_EXPORT)
+def run_export(export_pk: int) -> None:
+    exports.export_run(export_pk=export_pk)
 
 
 @task(cc.NODE_SERVERS_LOST)

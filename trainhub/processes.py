@@ -91,8 +91,8 @@ def stream_command(port: int) -> list[str]:
 
 
 def worker_command() -> list[str]:
-    """The embedded launcher's one worker serves both the Procfile's ``worker`` and
-    ``webhooks`` queues."""
+    """The embedded launcher's one worker serves the Procfile's ``worker``, ``webhooks`` and
+    ``exports`` queues."""
     return [
         sys.executable,
         "-m",
@@ -101,7 +101,7 @@ def worker_command() -> list[str]:
         "trainhub",
         "worker",
         "-Q",
-        "default,webhooks",
+        "default,webhooks,exports",
         "-c",
         "1",
         "-l",

@@ -65,8 +65,10 @@ def download_job(
 ) -> dict[str, Any]:
     """Every verified artifact of the job into ``directory``; what was written, per artifact."""
     job = api.get(f"/fine_tuning/jobs/{job_id}")
-    artifacts = [
-        a for a in api.get(f"/jobs/{job_id}/artifacts").get("data") or [] if a.get("verified", True)
+    artifacts = [  # an export (a whole merged model) only when asked: trainhub jobs export
+        a
+        for a in api.get(f"/jobs/{job_id}/artifacts").get("data") or []
+        if a.get("verified", True) and a.get("kind") != "merged"
     ]
     if not artifacts:
         raise CliError(

@@ -15,6 +15,9 @@ DEFAULT_QUEUE = "default"
 # Outbound webhook deliveries wait on other people's servers (up to 10 s a try): their own
 # queue and worker (Procfile ``webhooks``), so a slow receiver never delays a poll or a stop.
 WEBHOOKS_QUEUE = "webhooks"
+# Exports merge an adapter into its base: minutes of CPU and a whole model in memory, on a
+# worker of their own (Procfile ``exports``) where the base models are.
+EXPORTS_QUEUE = "exports"
 NODE_QUEUE_PREFIX = "gpu.node."
 
 # Task names: the wire contract between processes.
@@ -38,6 +41,7 @@ NOTIFY_JOB = "trainhub.notify_job"  # a job ended: its creator's notification (e
 PLACE_DEPLOYMENT = "trainhub.place_deployment"
 PLACE_DEPLOYMENTS = "trainhub.place_deployments"
 NODE_SERVERS_LOST = "trainhub.node_servers_lost"  # a serving node went offline
+RUN_EXPORT = "trainhub.run_export"  # a job's adapter merged into its base (EXPORTS_QUEUE)
 # Outbound webhooks: one try of one delivery; beat sends the due retries.
 DELIVER_WEBHOOK = "trainhub.deliver_webhook"
 WEBHOOKS_DUE = "trainhub.webhooks_due"
@@ -147,6 +151,7 @@ def base_config(broker_url: str) -> dict[str, object]:
         # An exact task name wins over the pattern (celery's MapRoute).
         "task_routes": {
             DELIVER_WEBHOOK: {"queue": WEBHOOKS_QUEUE},
+            RUN_EXPORT: {"queue": EXPORTS_QUEUE},
             "trainhub.*": {"queue": DEFAULT_QUEUE},
         },
         "worker_prefetch_multiplier": 1,

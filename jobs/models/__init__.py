@@ -1,6 +1,6 @@
 from jobs.models.audit import AuditEntry
 from jobs.models.files import TrainingFile
-from jobs.models.jobs import Artifact, IdempotencyKey, JobAttempt, JobEvent, TrainingJob
+from jobs.models.jobs import Artifact, Export, IdempotencyKey, JobAttempt, JobEvent, TrainingJob
 from jobs.models.nodes import GpuNode, NodeEvent
 from jobs.models.projects import ApiKey, Project, ProjectMembership, ProviderCredential
 from jobs.models.serving import Deployment, InferenceServer
@@ -12,6 +12,7 @@ __all__ = [
     "Artifact",
     "AuditEntry",
     "Deployment",
+    "Export",
     "GpuNode",
     "IdempotencyKey",
     "InferenceServer",

@@ -22,6 +22,10 @@ def new_artifact_id() -> str:
     return public_id("artifact")
 
 
+def new_export_id() -> str:
+    return public_id("ftexport")
+
+
 def checkpoint_id(job_public_id: str, event_number: int) -> str:
     """A stored checkpoint's id: its job and the number of the event that recorded it."""
     return f"ftckpt-{job_public_id.removeprefix('ftjob-')}-{event_number}"

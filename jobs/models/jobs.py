@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
 
-from jobs.models.ids import new_artifact_id, new_job_id
+from jobs.models.ids import new_artifact_id, new_export_id, new_job_id
 from jobs.states import EndReason, JobCapacity, JobStatus
 from providers import registry
 from providers.base import CapacityType
@@ -295,6 +295,7 @@ class Artifact(models.Model):
         ADAPTER = "adapter"
         CHECKPOINT = "checkpoint"
         LOGS = "logs"
+        MERGED = "merged"  # an export: the adapter merged into its base (jobs.models.Export)
 
     public_id = models.CharField(
         max_length=40, unique=True, default=new_artifact_id, editable=False
@@ -311,6 +312,36 @@ class Artifact(models.Model):
     reported_sha256 = models.CharField(max_length=64, blank=True)
     verified = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Export(models.Model):
+    """A job's adapter in another form, made by the ``run_export`` task: ``merged_safetensors``
+    is the adapter merged into its base. Its result is a verified ``merged`` artifact."""
+
+    class Format(models.TextChoices):
+        MERGED_SAFETENSORS = "merged_safetensors"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_export_id, editable=False)
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="exports")
+    format = models.CharField(max_length=32, choices=Format.choices)
+    adapter_sha256 = models.CharField(max_length=64, help_text="of the adapter bundle merged")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    error = models.CharField(max_length=1000, blank=True)
+    artifact = models.OneToOneField(
+        Artifact, null=True, blank=True, on_delete=models.SET_NULL, related_name="export"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.public_id

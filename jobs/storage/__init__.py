@@ -39,6 +39,7 @@ from jobs.storage.grants import METHODS
 from jobs.storage.keys import (
     bundle_key,
     checkpoint_key,
+    export_key,
     is_seal_marker,
     is_upload_key,
     job_prefix,
@@ -65,6 +66,7 @@ __all__ = [
     "delete_prefix",
     "download_response",
     "exists",
+    "export_key",
     "is_seal_marker",
     "is_upload_key",
     "job_prefix",

@@ -72,6 +72,11 @@ def checkpoint_key(project_id: int, job_public_id: str, attempt_number: int) -> 
     return f"{_attempt_prefix(project_id, job_public_id, attempt_number)}upload/checkpoint.tar"
 
 
+def export_key(project_id: int, job_public_id: str, export_public_id: str) -> str:
+    """Where an export of the job (jobs.models.Export) is written, by the control plane."""
+    return f"{job_prefix(project_id, job_public_id)}exports/{_id(export_public_id)}.tar"
+
+
 def is_upload_key(key: str) -> bool:
     """Whether ``key`` is an attempt's upload key: the only kind a PUT URL may name."""
     return _UPLOAD.fullmatch(key) is not None

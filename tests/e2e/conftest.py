@@ -123,7 +123,8 @@ def control_worker_env() -> dict[str, str]:
 def control_worker(
     django_db_setup, django_db_blocker, live_server, shared_dir, control_worker_env
 ) -> Iterator[Process]:
-    """The control plane's worker (queue ``default``) on the test database."""
+    """The control plane's worker (queues ``default``, ``webhooks``, ``exports``, as the
+    embedded launcher's) on the test database."""
     if connection.vendor != "postgresql":
         pytest.skip("worker processes need a shared server database (PostgreSQL)")
     from trainhub.celery import app
@@ -131,6 +132,7 @@ def control_worker(
     with app.connection_for_write() as conn:  # leftovers of earlier runs must not be consumed
         conn.default_channel.queue_purge(cc.DEFAULT_QUEUE)
         conn.default_channel.queue_purge(cc.WEBHOOKS_QUEUE)
+        conn.default_channel.queue_purge(cc.EXPORTS_QUEUE)
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "trainhub.settings",
@@ -149,7 +151,7 @@ def control_worker(
     }
     worker = Process(
         "control-worker",
-        [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", f"{cc.DEFAULT_QUEUE},{cc.WEBHOOKS_QUEUE}",
+        [sys.executable, "-m", "celery", "-A", "trainhub", "worker", "-Q", f"{cc.DEFAULT_QUEUE},{cc.WEBHOOKS_QUEUE},{cc.EXPORTS_QUEUE}",
          "-c", "1", "-P", "solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
          # Task events on (the Procfile's worker has them when Flower asks; without heartbeat
          # this one has no event dispatcher to switch on): Flower's view is tested, and the

@@ -1,5 +1,5 @@
-"""``trainhub jobs ...``: the group (create: job_create; watch and download: following), list,
-get, and the actions cancel, retry, pause, resume."""
+"""``trainhub jobs ...``: the group (create: job_create; watch and download: following; export),
+list, get, and the actions cancel, retry, pause, resume."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from trainhub_cli.commands.export import export
 from trainhub_cli.commands.following import download, watch
 from trainhub_cli.commands.job_create import create, key_values, show_job
 from trainhub_cli.render import status_text, table, when
@@ -114,5 +115,5 @@ _action("pause", "Pause a running job: checkpoint, stop, hold (no machine is kep
 _action("resume", "Resume a paused job from its checkpoint.")
 
 
-for command in (create, watch, download):
+for command in (create, watch, download, export):
     jobs.add_command(command)

@@ -81,6 +81,11 @@ def send_node_servers_lost(node_pk: int) -> None:
     _send(cc.NODE_SERVERS_LOST, node_pk)
 
 
+def send_run_export(export_pk: int) -> None:
+    """Merge a job's adapter into its base (the exports worker)."""
+    _send(cc.RUN_EXPORT, export_pk)
+
+
 def send_purge_storage(deletion_pk: int) -> None:
     _send(cc.PURGE_STORAGE, deletion_pk)
 

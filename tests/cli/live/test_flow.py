@@ -127,6 +127,20 @@ def test_upload_create_watch_download_on_the_tiny_model(
     printed = trainhub("jobs", "download", job["id"], str(tmp_path / "again"), env=env)
     assert printed.returncode == 0 and printed.stdout.strip().endswith(f"{job['id']}-adapter")
 
+    # The adapter merged into its base, made by the control plane's worker, downloaded and
+    # checked file by file; a plain model transformers loads without PEFT.
+    exported = trainhub("--json", "jobs", "export", job["id"], "--download",
+                        str(tmp_path / "merged"), "--timeout", "600", env=env)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr + plane.tail()
+    merged = _json(exported)
+    assert merged["status"] == "succeeded" and merged["artifact"]["kind"] == "merged"
+    model_dir = Path(merged["extracted_to"])
+    assert {"config.json", "model.safetensors"} <= {p.name for p in model_dir.iterdir()}
+    assert not (model_dir / "adapter_config.json").exists()
+    assert "merged" not in {a["kind"] for a in _json(downloaded)["artifacts"]}
+    again_export = _json(trainhub("--json", "jobs", "export", job["id"], env=env))
+    assert again_export["id"] == merged["id"], "asked again: the same export"
+
     listed = _json(trainhub("jobs", "list", "--json", "--metadata", "via=cli", env=env))
     assert [j["id"] for j in listed["data"]] == [job["id"]]
     assert _json(trainhub("jobs", "get", job["id"], "--json", env=env))["status"] == "succeeded"
