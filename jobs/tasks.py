@@ -19,7 +19,7 @@ from jobs.services.fleet import nodes
 from jobs.services.outbound import notifications, webhook_delivery
 from jobs.services.outbox import messages
 from jobs.services.scheduling import dispatch, placement
-from jobs.services.serving import deployments, node_servers
+from jobs.services.serving import deployments, node_servers, usage
 from providers import registry
 from trainhub_contract import celery_conf as cc
 
@@ -149,6 +149,7 @@ def purge_storage(deletion_pk: int) -> None:
 def storage_sweep() -> None:
     report = retention.storage_sweep()
     log.info("storage sweep: %s", report)
+    log.info("inference calls pruned: %d", usage.calls_prune())
 
 
 # --- notifications ----------------------------------------------------------------------------

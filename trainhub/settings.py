@@ -122,6 +122,11 @@ TRAINHUB_S3_ADDRESSING_STYLE = env.str("TRAINHUB_S3_ADDRESSING_STYLE", default="
 TRAINHUB_CHECKPOINT_RETENTION_SECONDS = env.int(
     "TRAINHUB_CHECKPOINT_RETENTION_SECONDS", default=7 * 24 * 3600
 )
+# Each completion through the relay is recorded (a project's usage, the admin's figures per
+# model) and pruned this long after.
+TRAINHUB_INFERENCE_CALL_RETENTION_SECONDS = env.int(
+    "TRAINHUB_INFERENCE_CALL_RETENTION_SECONDS", default=30 * 24 * 3600
+)
 TRAINHUB_MAX_UPLOAD_BYTES = env.int("TRAINHUB_MAX_UPLOAD_BYTES", default=512 * 1024 * 1024)
 # Per project: the training files it may keep, in bytes and in number. An upload that would
 # pass either is refused (403 storage_quota_exceeded) before it is stored.

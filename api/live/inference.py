@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import httpx
-from django.db.models import F
-from django.utils import timezone
 
 from api.inference_grant import granted_key
 from api.live.auth import authenticate
@@ -42,6 +40,7 @@ from jobs.crypto import decrypt_json
 from jobs.models import ApiKey, Deployment, InferenceServer
 from jobs.services.outbox import messages
 from jobs.services.serving.deployments import server_lost
+from jobs.services.serving.usage import CallFacts, call_record
 
 if TYPE_CHECKING:
     from asgiref.sync import SyncToAsync as database_sync_to_async
@@ -176,17 +175,28 @@ def _server_lost(route: Route, reason: str) -> None:
         server_lost(server, reason)
 
 
+@dataclass
+class _Call:
+    """One completion as it is relayed: who asked for which model, and its clock."""
+
+    project_id: int
+    model: str
+    streamed: bool
+    began: float = 0.0
+    first_token_ms: int | None = None
+
+    def elapsed_ms(self) -> int:
+        return int((time.monotonic() - self.began) * 1000)
+
+
 @database_sync_to_async
-def _count(deployment_pk: int | None, usage: dict[str, Any] | None) -> None:
-    if deployment_pk is None:
-        return
-    usage = usage or {}
-    Deployment.objects.filter(pk=deployment_pk).update(
-        requests=F("requests") + 1,
-        prompt_tokens=F("prompt_tokens") + int(usage.get("prompt_tokens") or 0),
-        completion_tokens=F("completion_tokens") + int(usage.get("completion_tokens") or 0),
-        last_used_at=timezone.now(),
-    )
+def _record(route: Route, call: _Call, status: int, usage: dict[str, Any] | None) -> None:
+    facts = CallFacts(
+        project_id=call.project_id, model=call.model, deployment_pk=route.deployment_pk,
+        server_pk=route.server_pk, streamed=call.streamed, status_code=status,
+        first_token_ms=call.first_token_ms, duration_ms=call.elapsed_ms(),
+    )  # fmt: skip
+    call_record(facts, usage)
 
 
 async def _read_body(receive: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
@@ -267,10 +277,9 @@ class InferenceRelay:
             upstream = {**body, "model": route.upstream_model}
             if streaming:  # always counted; shown only when asked
                 upstream["stream_options"] = {**options, "include_usage": True}
+            call = _Call(key.project_id, model, streaming)
             try:
-                await self._forward(
-                    route, path, upstream, model, streaming, client_wants_usage, send
-                )
+                await self._forward(route, path, upstream, call, client_wants_usage, send)
                 return
             except httpx.TransportError as exc:
                 await _server_lost(route, f"did not answer a completion: {exc}")
@@ -279,17 +288,19 @@ class InferenceRelay:
                                      "server_unavailable") from exc  # fmt: skip
 
     async def _forward(
-        self, route: Route, path: str, upstream: dict[str, Any], model: str, streaming: bool,
+        self, route: Route, path: str, upstream: dict[str, Any], call: _Call,
         client_wants_usage: bool, send: Send,
     ) -> None:  # fmt: skip
         request = self._http().build_request(
             "POST", route.url + path, json=upstream, headers=route.headers
         )
+        call.began = time.monotonic()
+        model = call.model
         response = await self._http().send(request, stream=True)
         try:
-            if not streaming or response.status_code != 200:
+            if not call.streamed or response.status_code != 200:
                 raw = await response.aread()
-                await self._send_whole(response.status_code, raw, model, route, send)
+                await self._send_whole(response.status_code, raw, call, route, send)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})  # fmt: skip
@@ -306,6 +317,8 @@ class InferenceRelay:
                         usage = chunk["usage"]
                         if not chunk.get("choices") and not client_wants_usage:
                             continue
+                    elif call.first_token_ms is None:
+                        call.first_token_ms = call.elapsed_ms()
                     await send({"type": "http.response.body", "more_body": True,
                                 "body": f"data: {json.dumps(chunk)}\n\n".encode()})  # fmt: skip
             except httpx.TransportError as exc:
@@ -313,24 +326,26 @@ class InferenceRelay:
                 # OpenAI's SDKs raise on an error event; the stream then ends without [DONE].
                 await _server_lost(route, f"broke off a streamed completion: {exc}")
                 await send({"type": "http.response.body", "body": _error_event(model)})
+                await _record(route, call, 0, usage)
                 return
-            if route.deployment_pk is not None:  # a base model's: nothing to count, no thread hop
-                await _count(route.deployment_pk, usage)  # before the end: a client may look next
+            await _record(route, call, 200, usage)  # before the end: a client may look next
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             await response.aclose()
 
     async def _send_whole(
-        self, status: int, raw: bytes, model: str, route: Route, send: Send
+        self, status: int, raw: bytes, call: _Call, route: Route, send: Send
     ) -> None:
         try:
             answer = json.loads(raw)
         except ValueError:
             raise RelayError(502, f"The inference server answered HTTP {status} without JSON.",
                              "bad_gateway") from None  # fmt: skip
+        usage = None
         if status == 200 and isinstance(answer, dict):
-            answer["model"] = model
-            await _count(route.deployment_pk, answer.get("usage"))
+            answer["model"] = call.model
+            usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
+        await _record(route, call, status, usage)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json")]})  # fmt: skip
         await send({"type": "http.response.body", "body": json.dumps(answer).encode()})

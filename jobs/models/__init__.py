@@ -3,7 +3,7 @@ from jobs.models.files import TrainingFile
 from jobs.models.jobs import Artifact, Export, IdempotencyKey, JobAttempt, JobEvent, TrainingJob
 from jobs.models.nodes import GpuNode, NodeEvent
 from jobs.models.projects import ApiKey, Project, ProjectMembership, ProviderCredential
-from jobs.models.serving import Deployment, InferenceServer
+from jobs.models.serving import Deployment, InferenceCall, InferenceServer
 from jobs.models.storage import StorageDeletion
 from jobs.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
@@ -15,6 +15,7 @@ __all__ = [
     "Export",
     "GpuNode",
     "IdempotencyKey",
+    "InferenceCall",
     "InferenceServer",
     "JobAttempt",
     "JobEvent",

@@ -81,3 +81,28 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class InferenceCall(models.Model):
+    """One completion through trainhub's relay (api/live/inference.py): a project's usage of a
+    model, and the figures the admin shows per model. Pruned after
+    ``TRAINHUB_INFERENCE_CALL_RETENTION_SECONDS``."""
+
+    project = models.ForeignKey("jobs.Project", on_delete=models.CASCADE, related_name="+")
+    model = models.CharField(max_length=500, help_text="as the caller named it")
+    deployment = models.ForeignKey(
+        Deployment, null=True, blank=True, on_delete=models.SET_NULL, related_name="calls"
+    )
+    server = models.ForeignKey(
+        InferenceServer, null=True, blank=True, on_delete=models.SET_NULL, related_name="calls"
+    )
+    streamed = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField(help_text="the server's answer; 0: cut off")
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    first_token_ms = models.PositiveIntegerField(null=True, blank=True, help_text="streamed")
+    duration_ms = models.PositiveIntegerField()
+    created_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.model} at {self.created_at:%Y-%m-%d %H:%M:%S}"

@@ -320,3 +320,39 @@ def test_deleting_offline_nodes_asks_first(admin_client, db) -> None:
     done = admin_client.post("/admin/jobs/gpunode/", {**form, "confirm": "yes"})
     assert done.status_code == 302
     assert not GpuNode.objects.filter(name="old-node").exists()
+
+
+def test_the_servers_page_shows_each_model_s_traffic(admin_client, project) -> None:
+    """Requests/s, completion tokens/s and latency percentiles per model over the last five
+    minutes, from what the relay recorded; older calls and failed ones count apart."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import InferenceCall
+
+    now = timezone.now()
+
+    def call(model: str, duration: int, *, status: int = 200, ago: int = 10) -> None:
+        InferenceCall.objects.create(
+            project=project, model=model, status_code=status, completion_tokens=30,
+            duration_ms=duration, first_token_ms=duration // 10, streamed=True,
+            created_at=now - timedelta(seconds=ago),
+        )  # fmt: skip
+
+    for duration in range(100, 2100, 100):  # 20 calls: 100 ms ... 2000 ms
+        call("ft:acme/tiny:p::busy", duration)
+    call("ft:acme/tiny:p::busy", 50, status=503)
+    call("acme/tiny", 400)
+    call("acme/tiny", 999_999, ago=3600)  # an hour ago: outside the window
+
+    page = admin_client.get("/admin/jobs/inferenceserver/").content.decode()
+    rows = re.findall(r"<tr>\s*<td><code>(.*?)</code></td>(.*?)</tr>", page, re.S)
+    cells = {model: re.findall(r"<td>(.*?)</td>", rest) for model, rest in rows}
+    assert list(cells) == ["ft:acme/tiny:p::busy", "acme/tiny"], "busiest first"
+    # 21 calls in 300 s, 20 of them answered with 30 tokens each; nearest-rank percentiles.
+    assert cells["ft:acme/tiny:p::busy"] == ["21", "1", "0.07", "2.0", "1000 ms", "1900 ms",
+                                             "190 ms"]  # fmt: skip
+    assert cells["acme/tiny"] == ["1", "0", "0.00", "0.1", "400 ms", "400 ms", "40 ms"]
+    assert "999999" not in page
+    assert admin_client.get("/admin/jobs/inferencecall/").status_code == 200

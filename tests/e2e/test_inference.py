@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from jobs.models import Deployment
+from jobs.models import Deployment, InferenceCall
 from jobs.services.accounts.projects import api_key_create
 from jobs.services.serving.servers import server_register
 from tests.e2e.conftest import wait_for
@@ -112,6 +112,10 @@ def test_train_deploy_call_evict_and_delete_a_fine_tuned_model(
         counted.requests == 2
         and counted.completion_tokens == 2 * chunks[-1].usage.completion_tokens
     )
+    calls = list(InferenceCall.objects.filter(model=first.fine_tuned_model).order_by("pk"))
+    assert [(c.streamed, c.status_code) for c in calls] == [(False, 200), (True, 200)]
+    assert calls[1].first_token_ms is not None and calls[1].duration_ms >= calls[1].first_token_ms
+    assert calls[1].completion_tokens == chunks[-1].usage.completion_tokens
     listed = {m.id for m in client.models.list()}
     assert {first.fine_tuned_model, str(tiny_model_dir)} <= listed
 

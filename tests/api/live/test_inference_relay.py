@@ -19,7 +19,7 @@ import pytest
 from django.core import signing
 
 from api.inference_grant import GRANT_SALT, grant_for
-from jobs.models import ApiKey
+from jobs.models import ApiKey, InferenceCall
 from jobs.services.accounts.projects import api_key_revoke
 from jobs.services.serving.servers import server_register
 from tests.support.api import assert_error
@@ -131,3 +131,7 @@ def test_a_stream_cut_off_by_its_server_ends_with_an_error_event_and_the_server_
     assert "[DONE]" not in events, "a cut answer never looks finished"
     server.refresh_from_db()
     assert server.status == "offline" and "broke off" in server.status_detail
+    (call,) = InferenceCall.objects.all()
+    assert (call.model, call.status_code, call.streamed) == ("acme/cut-llama", 0, True)
+    assert call.server_id == server.pk and call.first_token_ms is not None
+    assert call.project_id == ApiKey.objects.get(user__username="carol-relay").project_id
