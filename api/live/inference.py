@@ -55,6 +55,9 @@ LOAD_WAIT_SECONDS = 20
 LOAD_POLL_SECONDS = 0.25
 # Connecting is quick or the server is down; a generation may take minutes between chunks.
 TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
+# A stream holds its connection for the whole answer: room for many at once, and enough kept
+# open between bursts that a burst does not open them all again.
+LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
 PATHS = {"/v1/chat/completions", "/v1/completions", "/api/v1/chat/completions",
          "/api/v1/completions"}  # fmt: skip
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -238,7 +241,7 @@ class InferenceRelay:
 
     def _http(self) -> httpx.AsyncClient:
         if self.client is None:  # made lazily: inside the server's event loop
-            self.client = httpx.AsyncClient(timeout=TIMEOUT)
+            self.client = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS)
         return self.client
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
@@ -281,6 +284,9 @@ class InferenceRelay:
             try:
                 await self._forward(route, path, upstream, call, client_wants_usage, send)
                 return
+            except httpx.PoolTimeout:  # this process is full, not the server gone
+                raise RelayError(503, "Too many completions in flight here; retry shortly.",
+                                 "relay_busy", retry_after=1) from None  # fmt: skip
             except httpx.TransportError as exc:
                 await _server_lost(route, f"did not answer a completion: {exc}")
                 if attempt == 2:

@@ -22,7 +22,7 @@ import requests
 
 from gpu_worker.serving.adapters import fetch_adapter, is_url
 from gpu_worker.serving.engine import EngineError
-from gpu_worker.serving.server import Handler
+from gpu_worker.serving.server import Handler, ServingHTTPServer
 
 ENGINE_CALL_SECONDS = 600  # a load reads the adapter's weights onto the GPU
 
@@ -79,6 +79,4 @@ def make_loader(
     """The loader's server, not yet serving (``serve_forever`` it on a thread of your own)."""
     bound = {"engine_url": engine_url.rstrip("/"), "api_key": api_key or None,
              "adapter_cache": adapter_cache}  # fmt: skip
-    server = ThreadingHTTPServer((host, port), type("BoundLoaderHandler", (LoaderHandler,), bound))
-    server.daemon_threads = True
-    return server
+    return ServingHTTPServer((host, port), type("BoundLoaderHandler", (LoaderHandler,), bound))

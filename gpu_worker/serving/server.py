@@ -95,6 +95,9 @@ class Handler(BaseHTTPRequestHandler):
     adapter_cache: Path
     protocol_version = "HTTP/1.1"
     server_version = "trainhub-serve"
+    # Each streamed chunk is a small write: with Nagle's algorithm it may wait for the client's
+    # delayed ACK (up to 40 ms) before it leaves, the first token included.
+    disable_nagle_algorithm = True
 
     # --- plumbing -----------------------------------------------------------------------------
 
@@ -309,11 +312,16 @@ class _EventStream:
         self.handler.wfile.flush()
 
 
+class ServingHTTPServer(ThreadingHTTPServer):
+    """A thread per connection. A relay opens its connections in bursts (64 streams at once):
+    the standard library's listen backlog of 5 would drop most of them into a 1 s retry."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+
 def make_server(
     engine: Engine, host: str, port: int, api_key: str | None, adapter_cache: Path
 ) -> ThreadingHTTPServer:
     bound = {"engine": engine, "api_key": api_key or None, "adapter_cache": adapter_cache}
-    handler = type("BoundHandler", (Handler,), bound)
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return ServingHTTPServer((host, port), type("BoundHandler", (Handler,), bound))
