@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -16,10 +17,18 @@ from tests.cli.conftest import SCRIPT
 SETTLE = 0.3
 # Run in the new session (start_new_session): take the terminal on stdin as the controlling
 # one, then become the console script (the same process: the terminal's foreground group).
+# SIGINT as a shell gives it: a test run started in the background (``cmd &`` without job
+# control) ignores SIGINT, its children inherit that, and Python then never raises
+# KeyboardInterrupt.
 _TAKE_TERMINAL = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-    "os.execv(sys.argv[1], sys.argv[1:])"
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
 )
+
+
+def sigint_as_at_a_shell() -> None:
+    """A ``preexec_fn``: SIGINT's default action, whatever the test run inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Terminal:

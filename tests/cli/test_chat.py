@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.cli._fake_inference import Stream, Whole, completion, error, fake_inference
-from tests.cli._terminal import Terminal
+from tests.cli._terminal import Terminal, sigint_as_at_a_shell
 from tests.cli.conftest import SCRIPT
 from trainhub_cli.errors import ExitCode
 
@@ -197,7 +197,7 @@ def test_the_console_script_writes_each_piece_as_it_comes(cli_env) -> None:
         fake.answers = [Stream(["Owl 1 ", "is russet."], gate=gate)]
         env = {**os.environ, **cli_env, **_env(fake)}
         proc = subprocess.Popen([str(SCRIPT), *ASK], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+                                stderr=subprocess.PIPE, preexec_fn=sigint_as_at_a_shell)  # fmt: skip
         first = _read_until(proc, b"Owl 1 ")
         gate.set()
         rest, stderr = proc.communicate(timeout=60)
@@ -207,7 +207,7 @@ def test_the_console_script_writes_each_piece_as_it_comes(cli_env) -> None:
         held = threading.Event()
         fake.answers = [Stream(["Owl 1 ", "is russet."], gate=held)]
         proc = subprocess.Popen([str(SCRIPT), *ASK], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)  # fmt: skip
+                                stderr=subprocess.PIPE, preexec_fn=sigint_as_at_a_shell)  # fmt: skip
         first = _read_until(proc, b"Owl 1 ")
         proc.send_signal(signal.SIGINT)
         rest, stderr = proc.communicate(timeout=60)

@@ -84,8 +84,9 @@ def export_run(*, export_pk: int) -> Export | None:
     adapter = adapter_of(job)
     if adapter is None or adapter.sha256 != export.adapter_sha256:
         return _finish(export, error="the job's adapter is gone")
-    from gpu_worker.errors import ExecutorError  # the training stack: imported by this task only
-    from gpu_worker.export import merge_adapter
+    # The training stack (torch, PEFT), imported by this task only: never by the web process.
+    from gpu_worker.errors import ExecutorError  # (its module is light; kept beside its user)
+    from gpu_worker.export import merge_adapter  # torch and PEFT load when it runs
 
     key = storage.export_key(job.project_id, job.public_id, export.public_id)
     with tempfile.TemporaryDirectory(prefix="trainhub-export-") as work:
