@@ -13,13 +13,13 @@ generation config and the tokenizer (with the chat template the job trained with
 
 from __future__ import annotations
 
-import os
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
+from gpu_worker.backends.loading import checked_reference
 from gpu_worker.errors import INVALID_MODEL, ExecutorError
 from gpu_worker.lineage import unpack_adapter
 from trainhub_contract.bundle import write_bundle
@@ -29,14 +29,6 @@ TOKENIZER_FILES = frozenset({
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
     "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 })  # fmt: skip
-
-
-def _base_reference(model: str) -> str:
-    """As the executor loads a base (gpu_worker.backends.loading): an absolute path, or a hub id
-    no folder of the same name in the working directory can stand in for."""
-    if not model.startswith("/") and os.path.lexists(model):
-        raise ExecutorError(INVALID_MODEL, f"the hub id {model!r} is also a local path here")
-    return model
 
 
 def _tokenizer_source(bundle: Path, work: Path, base: str) -> str:
@@ -62,7 +54,7 @@ def merge_adapter(base_model: str, adapter_bundle: Path, out: BinaryIO) -> None:
     work = Path(tempfile.mkdtemp(prefix="trainhub-export-"))
     try:
         adapter = unpack_adapter(adapter_bundle, work / "adapter")
-        reference = _base_reference(base_model)
+        reference = checked_reference(base_model)  # as training loads it
         try:
             base = AutoModelForCausalLM.from_pretrained(
                 reference, torch_dtype="auto", low_cpu_mem_usage=True

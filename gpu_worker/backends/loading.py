@@ -21,16 +21,21 @@ def model_reference(spec: JobSpec) -> str:
     also a relative path: a folder of that name in the working directory (which the executor
     shares with its downloads, checkpoints and, over SSH, its uploaded code) would be loaded in
     place of the hub model. Such a folder is refused, not loaded."""
-    if spec.model.startswith("/"):
-        return spec.model
-    if os.path.lexists(spec.model):
+    return checked_reference(spec.model)
+
+
+def checked_reference(model: str) -> str:
+    """:func:`model_reference` for a model name (an export's base, say)."""
+    if model.startswith("/"):
+        return model
+    if os.path.lexists(model):
         raise ExecutorError(
             INVALID_MODEL,
-            f"the hub id {spec.model!r} is also a path in the executor's working directory "
+            f"the hub id {model!r} is also a path in the executor's working directory "
             f"({os.getcwd()}); a hub id is never loaded from a local folder. Name a local model "
             "by its absolute path (listed in the operator's TRAINHUB_ALLOWED_MODELS)",
         )
-    return spec.model
+    return model
 
 
 def hub_token(spec: JobSpec) -> str | None:
