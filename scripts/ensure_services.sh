@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the PostgreSQL and Redis that the tests use answer on 127.0.0.1 (installed as root
 # when missing, started when down) and create the test database; install openssh-server for the
-# SSH tests (as root; otherwise say how, and those tests are skipped). Idempotent; one line each.
+# SSH tests and nginx for the front-door tests (as root; otherwise say how, and those tests are
+# skipped). Idempotent; one line each.
 set -euo pipefail
 
 PG_HOST=127.0.0.1
@@ -117,4 +118,18 @@ elif ! can_install; then
 else
     apt_install "$SSH_PACKAGE"
     [ -x "$SSHD" ] || die "$SSH_PACKAGE installed but $SSHD is missing"
+fi
+
+# --- nginx (tests/deploy runs the shipped front-door config, deploy/nginx.conf) ----------------
+# Only the binary is used: each test starts its own nginx on loopback; nothing is enabled here.
+NGINX=/usr/sbin/nginx
+if [ -x "$NGINX" ]; then
+    echo "nginx: $NGINX present"
+elif ! can_install; then
+    echo "nginx: $NGINX missing, so the front-door tests will be skipped; install it: sudo apt-get install -y nginx"
+else
+    apt_install nginx
+    [ -x "$NGINX" ] || die "nginx installed but $NGINX is missing"
+    # The package starts its default site where init scripts may run: not wanted here.
+    if [ -s /run/nginx.pid ]; then "$NGINX" -s quit 2>/dev/null || true; fi
 fi

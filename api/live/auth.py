@@ -6,13 +6,17 @@ offered beside ``trainhub.v1``. A query string ends up in access logs; headers d
 
 Open connections are re-checked: every few seconds each stream process asks once, for all the
 keys its connections use, which are still live (not revoked, user active and still a member),
-and closes the connections of the others.
+and closes the connections of the others. For the same few seconds a key that was found live
+is remembered (by its SHA-256), so a burst of completions or connections costs the database one
+look-up: a key revoked now stops opening anything here within ``RECHECK_SECONDS``, as it stops
+holding anything open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Exists, OuterRef
 
 from api.live.background import ensure_running
+from api.live.ttl_cache import TtlCache
 from jobs.models import ApiKey, ProjectMembership
 from jobs.services.accounts.projects import api_key_authenticate
 
@@ -56,15 +61,25 @@ def chosen_subprotocol(scope: dict[str, Any]) -> str | None:
     return SUBPROTOCOL if SUBPROTOCOL in (scope.get("subprotocols") or ()) else None
 
 
+# Keys found live, by the SHA-256 of the raw key; refused keys are not remembered.
+live_keys: TtlCache[str, ApiKey] = TtlCache(seconds=RECHECK_SECONDS, size=10_000)
+
+
 @database_sync_to_async
-def authenticate(scope: dict[str, Any]) -> ApiKey | None:
-    raw = bearer_key(scope)
-    if raw is None:
-        return None
+def _live_key(raw: str) -> ApiKey | None:
     key = api_key_authenticate(raw=raw)
     if key is None or not key.is_member:  # type: ignore[attr-defined]  # annotated
         return None
     return key
+
+
+async def authenticate(scope: dict[str, Any]) -> ApiKey | None:
+    raw = bearer_key(scope)
+    if raw is None:
+        return None
+    return await live_keys.get_or_load(
+        hashlib.sha256(raw.encode()).hexdigest(), lambda: _live_key(raw)
+    )
 
 
 @database_sync_to_async

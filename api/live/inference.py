@@ -19,6 +19,12 @@ back with the caller's name in it. Streams are relayed chunk by chunk as the ser
 usage is asked of the server and counted for the deployment, and the usage chunk is passed on
 only when the client asked for it. A server that cannot be reached is taken offline, its
 adapters are placed elsewhere, and the request is tried once more.
+
+Where a project's model is served is remembered for ``ROUTE_SECONDS``, so that a burst of calls
+asks the database once and a call's first token waits on no database at all. A remembered route
+is only a guess that is checked by using it: a server that answers it with 401 or 404 (the
+adapter was unloaded or undeployed, the server's key changed) or cannot be reached has it
+forgotten, and the call is routed again from the database.
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ import httpx
 
 from api.inference_grant import granted_key
 from api.live.auth import authenticate
+from api.live.ttl_cache import TtlCache
 from jobs.crypto import decrypt_json
 from jobs.models import ApiKey, Deployment, InferenceServer
 from jobs.services.outbox import messages
 from jobs.services.serving.deployments import server_lost
-from jobs.services.serving.usage import CallFacts, call_record
+from jobs.services.serving.usage import CallFacts, calls_record
 
 if TYPE_CHECKING:
     from asgiref.sync import SyncToAsync as database_sync_to_async
@@ -58,6 +65,7 @@ TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
 # A stream holds its connection for the whole answer: room for many at once, and enough kept
 # open between bursts that a burst does not open them all again.
 LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+ROUTE_SECONDS = 5.0
 PATHS = {"/v1/chat/completions", "/v1/completions", "/api/v1/chat/completions",
          "/api/v1/completions"}  # fmt: skip
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -90,8 +98,17 @@ class Route:
     deployment_pk: int | None
     server_pk: int
 
+    def same_server(self, other: Route) -> bool:
+        return other.server_pk == self.server_pk
+
 
 _granted_key = database_sync_to_async(granted_key)
+# (project, model as called) -> where it was served a moment ago; see the module's docstring.
+routes: TtlCache[tuple[int, str], Route] = TtlCache(seconds=ROUTE_SECONDS, size=10_000)
+
+
+class StaleRoute(Exception):
+    """A remembered route that its server no longer answers for (401, 404)."""
 
 
 def _server_route(server: InferenceServer, model: str, deployment: Deployment | None) -> Route:
@@ -147,8 +164,16 @@ def _ask_placement(pk: int) -> None:
 
 
 async def _route(key: ApiKey, model: str) -> Route:
-    """The server for ``model``, waiting (without holding anything) while a worker loads a
-    deployed adapter that is not loaded now; a 503 with Retry-After when it takes long."""
+    """The server for ``model``, remembered for ``ROUTE_SECONDS``."""
+    route = await routes.get_or_load((key.project_id, model), lambda: _looked_up(key, model))
+    assert route is not None  # noqa: S101 - _looked_up returns a route or raises
+    return route
+
+
+async def _looked_up(key: ApiKey, model: str) -> Route:
+    """The server for ``model`` from the database, waiting (without holding anything) while a
+    worker loads a deployed adapter that is not loaded now; a 503 with Retry-After when it takes
+    long."""
     try:
         return await _lookup(key, model)
     except NotLoaded as missing:
@@ -192,14 +217,42 @@ class _Call:
         return int((time.monotonic() - self.began) * 1000)
 
 
-@database_sync_to_async
-def _record(route: Route, call: _Call, status: int, usage: dict[str, Any] | None) -> None:
-    facts = CallFacts(
-        project_id=call.project_id, model=call.model, deployment_pk=route.deployment_pk,
-        server_pk=route.server_pk, streamed=call.streamed, status_code=status,
-        first_token_ms=call.first_token_ms, duration_ms=call.elapsed_ms(),
-    )  # fmt: skip
-    call_record(facts, usage)
+_calls_record = database_sync_to_async(calls_record)
+Usage = dict[str, Any] | None
+
+
+class Recorder:
+    """Completions recorded together: those that end while a write is under way go in the next
+    one (one thread hop, one INSERT; usage.calls_record), so a relay busy with many answers does
+    not queue them one by one on the database thread. Each answer's end waits for its own record:
+    a client may look at its usage next."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[CallFacts, Usage, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def record(self, route: Route, call: _Call, status: int, usage: Usage) -> None:
+        facts = CallFacts(
+            project_id=call.project_id, model=call.model, deployment_pk=route.deployment_pk,
+            server_pk=route.server_pk, streamed=call.streamed, status_code=status,
+            first_token_ms=call.first_token_ms, duration_ms=call.elapsed_ms(),
+        )  # fmt: skip
+        written = asyncio.get_running_loop().create_future()
+        self._waiting.append((facts, usage, written))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        await asyncio.shield(written)
+
+    async def _write(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                await _calls_record([(facts, usage) for facts, usage, _ in batch])
+            except Exception:  # the answers were given; their usage is what is lost
+                log.exception("inference: could not record %d completions", len(batch))
+            for _, _, written in batch:
+                if not written.done():
+                    written.set_result(None)
 
 
 async def _read_body(receive: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
@@ -238,6 +291,7 @@ class InferenceRelay:
 
     def __init__(self) -> None:
         self.client: httpx.AsyncClient | None = None
+        self._recorder = Recorder()
 
     def _http(self) -> httpx.AsyncClient:
         if self.client is None:  # made lazily: inside the server's event loop
@@ -275,28 +329,39 @@ class InferenceRelay:
         given = body.get("stream_options")
         options: dict[str, Any] = given if isinstance(given, dict) else {}
         client_wants_usage = bool(options.get("include_usage"))
-        for attempt in (1, 2):
-            route = await _route(key, model)
+        remembered = routes.get((key.project_id, model))
+        lost = 0  # servers that did not answer: one more is tried
+        while True:
+            route = remembered or await _route(key, model)
             upstream = {**body, "model": route.upstream_model}
             if streaming:  # always counted; shown only when asked
                 upstream["stream_options"] = {**options, "include_usage": True}
             call = _Call(key.project_id, model, streaming)
             try:
-                await self._forward(route, path, upstream, call, client_wants_usage, send)
+                await self._forward(route, path, upstream, call, client_wants_usage, send,
+                                    checked=remembered is None)  # fmt: skip
                 return
+            except StaleRoute:  # routed again from the database (once: that route is checked)
+                routes.drop((key.project_id, model))
+                remembered = None
             except httpx.PoolTimeout:  # this process is full, not the server gone
                 raise RelayError(503, "Too many completions in flight here; retry shortly.",
                                  "relay_busy", retry_after=1) from None  # fmt: skip
             except httpx.TransportError as exc:
+                routes.drop_where(route.same_server)
+                remembered = None
                 await _server_lost(route, f"did not answer a completion: {exc}")
-                if attempt == 2:
+                lost += 1
+                if lost == 2:
                     raise RelayError(503, f"No server could answer for '{model}'; try again.",
                                      "server_unavailable") from exc  # fmt: skip
 
     async def _forward(
         self, route: Route, path: str, upstream: dict[str, Any], call: _Call,
-        client_wants_usage: bool, send: Send,
+        client_wants_usage: bool, send: Send, checked: bool,
     ) -> None:  # fmt: skip
+        """Relay one answer. A route not ``checked`` against the database for this call is
+        StaleRoute when its server answers 401 or 404 (nothing sent to the client yet)."""
         request = self._http().build_request(
             "POST", route.url + path, json=upstream, headers=route.headers
         )
@@ -304,6 +369,9 @@ class InferenceRelay:
         model = call.model
         response = await self._http().send(request, stream=True)
         try:
+            if not checked and response.status_code in (401, 404):
+                await response.aread()  # to its end: the connection goes back to the pool
+                raise StaleRoute
             if not call.streamed or response.status_code != 200:
                 raw = await response.aread()
                 await self._send_whole(response.status_code, raw, call, route, send)
@@ -332,9 +400,10 @@ class InferenceRelay:
                 # OpenAI's SDKs raise on an error event; the stream then ends without [DONE].
                 await _server_lost(route, f"broke off a streamed completion: {exc}")
                 await send({"type": "http.response.body", "body": _error_event(model)})
-                await _record(route, call, 0, usage)
+                await self._recorder.record(route, call, 0, usage)
                 return
-            await _record(route, call, 200, usage)  # before the end: a client may look next
+            # Recorded before the end: a client may look at its usage next.
+            await self._recorder.record(route, call, 200, usage)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         finally:
             await response.aclose()
@@ -351,7 +420,7 @@ class InferenceRelay:
         if status == 200 and isinstance(answer, dict):
             answer["model"] = call.model
             usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        await _record(route, call, status, usage)
+        await self._recorder.record(route, call, status, usage)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json")]})  # fmt: skip
         await send({"type": "http.response.body", "body": json.dumps(answer).encode()})

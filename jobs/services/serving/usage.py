@@ -38,27 +38,31 @@ def _tokens(usage: dict[str, Any] | None, name: str) -> int:
     return max(0, int(value)) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def call_record(facts: CallFacts, usage: dict[str, Any] | None) -> None:
-    """Record one completion (``usage`` as the server reported it, if it did)."""
-    prompt, completion = _tokens(usage, "prompt_tokens"), _tokens(usage, "completion_tokens")
+def calls_record(calls: list[tuple[CallFacts, dict[str, Any] | None]]) -> None:
+    """Record completions (each with ``usage`` as its server reported it, if it did): one
+    INSERT for all of them and one counter update per deployment, so that a relay busy with
+    many answers at once writes them together."""
     now = timezone.now()
-    with transaction.atomic():
-        InferenceCall.objects.create(
-            project_id=facts.project_id,
-            model=facts.model[:500],
-            deployment_id=facts.deployment_pk,
-            server_id=facts.server_pk,
-            streamed=facts.streamed,
-            status_code=facts.status_code,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            first_token_ms=facts.first_token_ms,
-            duration_ms=facts.duration_ms,
-            created_at=now,
-        )
+    rows: list[InferenceCall] = []
+    totals: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # requests, prompt, completion
+    for facts, usage in calls:
+        prompt, completion = _tokens(usage, "prompt_tokens"), _tokens(usage, "completion_tokens")
+        rows.append(InferenceCall(
+            project_id=facts.project_id, model=facts.model[:500],
+            deployment_id=facts.deployment_pk, server_id=facts.server_pk,
+            streamed=facts.streamed, status_code=facts.status_code, prompt_tokens=prompt,
+            completion_tokens=completion, first_token_ms=facts.first_token_ms,
+            duration_ms=facts.duration_ms, created_at=now,
+        ))  # fmt: skip
         if facts.deployment_pk is not None and facts.status_code == 200:
-            Deployment.objects.filter(pk=facts.deployment_pk).update(
-                requests=F("requests") + 1,
+            total = totals[facts.deployment_pk]
+            total[0], total[1], total[2] = total[0] + 1, total[1] + prompt, total[2] + completion
+    with transaction.atomic():
+        InferenceCall.objects.bulk_create(rows)
+        for pk in sorted(totals):  # one order for every writer: no deadlock between two relays
+            requests, prompt, completion = totals[pk]
+            Deployment.objects.filter(pk=pk).update(
+                requests=F("requests") + requests,
                 prompt_tokens=F("prompt_tokens") + prompt,
                 completion_tokens=F("completion_tokens") + completion,
                 last_used_at=now,

@@ -19,10 +19,12 @@ import pytest
 from django.core import signing
 
 from api.inference_grant import GRANT_SALT, grant_for
-from jobs.models import ApiKey, InferenceCall
+from api.live.auth import RECHECK_SECONDS
+from jobs.models import ApiKey, InferenceCall, InferenceServer
 from jobs.services.accounts.projects import api_key_revoke
 from jobs.services.serving.servers import server_register
 from tests.support.api import assert_error
+from tests.support.fakes.inference_server import WORDS, fake_inference_server
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 ASK = {"model": "ft:acme/tiny-llama:p::x", "messages": [{"role": "user", "content": "hi"}]}
@@ -135,3 +137,53 @@ def test_a_stream_cut_off_by_its_server_ends_with_an_error_event_and_the_server_
     assert (call.model, call.status_code, call.streamed) == ("acme/cut-llama", 0, True)
     assert call.server_id == server.pk and call.first_token_ms is not None
     assert call.project_id == ApiKey.objects.get(user__username="carol-relay").project_id
+
+
+def test_a_revoked_key_stops_reaching_models_within_the_recheck_interval(
+    stream_server, key_of, make_user
+) -> None:
+    """The stream process remembers a live key for RECHECK_SECONDS (api/live/auth.py): revoked,
+    it is refused once that has passed, as its open streams are closed."""
+    with fake_inference_server() as upstream:
+        server_register(name="revoke", url=upstream.url, base_model="acme/revoke-llama",
+                        served_name="revoke", api_key=None)  # fmt: skip
+        raw = key_of(make_user("dave-relay"))
+        ask = {"model": "acme/revoke-llama", "messages": [{"role": "user", "content": "hi"}]}
+        url, bearer = stream_server.url + "/v1/chat/completions", {"Authorization": f"Bearer {raw}"}
+        assert httpx.post(url, json=ask, headers=bearer, timeout=30).status_code == 200
+        api_key_revoke(key=ApiKey.objects.get(user__username="dave-relay"))
+        revoked_at = time.monotonic()
+        while (answer := httpx.post(url, json=ask, headers=bearer, timeout=30)).status_code == 200:
+            assert time.monotonic() - revoked_at < RECHECK_SECONDS + 5, "still answered"
+            time.sleep(0.2)
+    assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_remembered_route_its_server_no_longer_answers_for_is_routed_again_in_the_call(
+    stream_server, key_of, make_user
+) -> None:
+    """Where a model is served is remembered for ROUTE_SECONDS; a server that answers 404 for it
+    (it unloaded the adapter, it serves something else now) sends the call back to the database,
+    which names the server that has it, within the same call."""
+    with fake_inference_server() as old, fake_inference_server() as new:
+        first = server_register(name="old", url=old.url, base_model="acme/moving-llama",
+                                served_name="moving", api_key=None)  # fmt: skip
+        raw = key_of(make_user("erin-relay"))
+        ask = {"model": "acme/moving-llama", "stream": True,
+               "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        url, bearer = stream_server.url + "/v1/chat/completions", {"Authorization": f"Bearer {raw}"}
+        assert httpx.post(url, json=ask, headers=bearer, timeout=30).status_code == 200
+
+        InferenceServer.objects.filter(pk=first.pk).update(status="offline")
+        server_register(name="new", url=new.url, base_model="acme/moving-llama",
+                        served_name="moving", api_key=None)  # fmt: skip
+        old.gone.add("moving")
+        answer = httpx.post(url, json=ask, headers=bearer, timeout=30)
+
+    assert answer.status_code == 200 and "".join(WORDS) in "".join(
+        json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content", "")
+        for line in answer.text.splitlines()
+        if line.startswith("data: {") and '"choices": [{' in line
+    )
+    assert len(old.bodies) == 2 and len(new.bodies) == 1, "asked the old once more, then the new"
+    assert InferenceCall.objects.filter(model="acme/moving-llama", status_code=200).count() == 2
