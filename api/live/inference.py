@@ -24,7 +24,9 @@ Where a project's model is served is remembered for ``ROUTE_SECONDS``, so that a
 asks the database once and a call's first token waits on no database at all. A remembered route
 is only a guess that is checked by using it: a server that answers it with 401 or 404 (the
 adapter was unloaded or undeployed, the server's key changed) or cannot be reached has it
-forgotten, and the call is routed again from the database.
+forgotten, and the call is routed again from the database. A server that answers 404 for an
+adapter the database says it holds has lost it (it restarted): the deployment is placed again
+and the call waits for it, once.
 """
 
 from __future__ import annotations
@@ -108,7 +110,11 @@ routes: TtlCache[tuple[int, str], Route] = TtlCache(seconds=ROUTE_SECONDS, size=
 
 
 class StaleRoute(Exception):
-    """A remembered route that its server no longer answers for (401, 404)."""
+    """A route that its server no longer answers for (401, 404); nothing sent to the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 def _server_route(server: InferenceServer, model: str, deployment: Deployment | None) -> Route:
@@ -187,6 +193,15 @@ async def _looked_up(key: ApiKey, model: str) -> Route:
             continue
     raise RelayError(503, f"The model '{model}' is being loaded on a server; retry shortly.",
                      "model_loading", retry_after=LOAD_WAIT_SECONDS)  # fmt: skip
+
+
+def _error_message(raw: bytes) -> str:
+    """The message of a server's error answer."""
+    try:
+        message = str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = raw[:300].decode(errors="replace")
+    return message
 
 
 def _error_event(model: str) -> bytes:
@@ -331,18 +346,26 @@ class InferenceRelay:
         client_wants_usage = bool(options.get("include_usage"))
         remembered = routes.get((key.project_id, model))
         lost = 0  # servers that did not answer: one more is tried
+        replaced = False  # a deployment its server had lost, placed again: once
         while True:
             route = remembered or await _route(key, model)
             upstream = {**body, "model": route.upstream_model}
             if streaming:  # always counted; shown only when asked
                 upstream["stream_options"] = {**options, "include_usage": True}
             call = _Call(key.project_id, model, streaming)
+            lost_adapter = route.deployment_pk is not None and not replaced
             try:
                 await self._forward(route, path, upstream, call, client_wants_usage, send,
-                                    checked=remembered is None)  # fmt: skip
+                                    may_retry=remembered is not None or lost_adapter)  # fmt: skip
                 return
-            except StaleRoute:  # routed again from the database (once: that route is checked)
+            except StaleRoute as stale:
                 routes.drop((key.project_id, model))
+                if remembered is None and route.deployment_pk is not None and stale.status == 404:
+                    replaced = True  # the database's own route: the server lost the adapter
+                    await _ask_placement(route.deployment_pk)
+                elif remembered is None:  # a 401: the server refuses trainhub's key for it
+                    raise RelayError(502, f"The inference server for '{model}' refused "
+                                     f"trainhub's key: {stale.message}", "bad_gateway") from None  # fmt: skip
                 remembered = None
             except httpx.PoolTimeout:  # this process is full, not the server gone
                 raise RelayError(503, "Too many completions in flight here; retry shortly.",
@@ -358,10 +381,9 @@ class InferenceRelay:
 
     async def _forward(
         self, route: Route, path: str, upstream: dict[str, Any], call: _Call,
-        client_wants_usage: bool, send: Send, checked: bool,
+        client_wants_usage: bool, send: Send, may_retry: bool,
     ) -> None:  # fmt: skip
-        """Relay one answer. A route not ``checked`` against the database for this call is
-        StaleRoute when its server answers 401 or 404 (nothing sent to the client yet)."""
+        """Relay one answer; StaleRoute (``may_retry``) when the server answers 401 or 404."""
         request = self._http().build_request(
             "POST", route.url + path, json=upstream, headers=route.headers
         )
@@ -369,9 +391,9 @@ class InferenceRelay:
         model = call.model
         response = await self._http().send(request, stream=True)
         try:
-            if not checked and response.status_code in (401, 404):
-                await response.aread()  # to its end: the connection goes back to the pool
-                raise StaleRoute
+            if may_retry and response.status_code in (401, 404):
+                said = await response.aread()  # to its end: the connection goes back to the pool
+                raise StaleRoute(response.status_code, _error_message(said))
             if not call.streamed or response.status_code != 200:
                 raw = await response.aread()
                 await self._send_whole(response.status_code, raw, call, route, send)

@@ -157,6 +157,11 @@ class Engine:
     def text_prompt(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt)["input_ids"])
 
+    def check_model(self, model_name: str) -> None:
+        """A 404 EngineError unless ``model_name`` is served here: the base or a loaded adapter."""
+        if model_name != self.served_name and model_name not in self.adapters:
+            raise EngineError(f"The model '{model_name}' does not exist.", 404, "model")
+
     def generate(
         self,
         model_name: str,
@@ -166,8 +171,7 @@ class Engine:
     ) -> Generation:
         """Generate from ``prompt_ids`` with ``model_name`` (the base or a loaded adapter);
         ``on_text`` gets each new piece of text as it is decided."""
-        if model_name != self.served_name and model_name not in self.adapters:
-            raise EngineError(f"The model '{model_name}' does not exist.", 404, "model")
+        self.check_model(model_name)
         with self.lock:
             if model_name in self.adapters:
                 self.adapters.move_to_end(model_name)  # most recently used

@@ -233,6 +233,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        # An unknown model is a 404 before the stream begins, as vLLM answers: after its 200
+        # there would be no way to say so, and a relay would see a server that broke off.
+        self.engine.check_model(model)
         stream = _EventStream(self)
         stream.start()
         stream.send(answer.chunk(role=True))

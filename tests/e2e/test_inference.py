@@ -119,6 +119,13 @@ def test_train_deploy_call_evict_and_delete_a_fine_tuned_model(
     listed = {m.id for m in client.models.list()}
     assert {first.fine_tuned_model, str(tiny_model_dir)} <= listed
 
+    # The server loses the adapter behind trainhub's back, as a restart does: its 404 has the
+    # deployment placed again within the call, which then answers.
+    server.post("/unload_lora_adapter", body={"lora_name": first.fine_tuned_model}, cast_to=str)
+    assert first.fine_tuned_model not in {m.id for m in server.models.list()}
+    assert _answer(client, first.fine_tuned_model) == direct
+    assert first.fine_tuned_model in {m.id for m in server.models.list()}
+
     client.post(f"/fine_tuning/jobs/{second.id}/deploy", cast_to=object)
     wait_for("the second adapter loaded",
              lambda: _state(client, second.fine_tuned_model) == "loaded", 60, plane)  # fmt: skip

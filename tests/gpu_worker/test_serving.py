@@ -172,8 +172,9 @@ def test_adapters_are_listed_reused_and_the_least_recently_used_goes_first(
         ("first", "tiny"),
         ("third", "tiny"),
     ], "second was the least recently used"
-    gone = served.post("/v1/chat/completions", {**ask, "model": "second"})
-    assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+    for stream in (False, True):  # streamed too: refused before the stream begins, as vLLM does
+        gone = served.post("/v1/chat/completions", {**ask, "model": "second", "stream": stream})
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
     assert served.post("/v1/unload_lora_adapter", {"lora_name": "second"}).status_code == 404
     assert served.post("/v1/unload_lora_adapter", {"lora_name": "first"}).status_code == 200
 
