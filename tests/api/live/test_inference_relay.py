@@ -6,6 +6,7 @@ tests/e2e/test_inference.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -187,3 +188,34 @@ def test_a_remembered_route_its_server_no_longer_answers_for_is_routed_again_in_
     )
     assert len(old.bodies) == 2 and len(new.bodies) == 1, "asked the old once more, then the new"
     assert InferenceCall.objects.filter(model="acme/moving-llama", status_code=200).count() == 2
+
+
+def test_completions_that_end_together_are_recorded_in_one_write(project, monkeypatch) -> None:
+    """The relay's Recorder: twenty answers ending at once cost a few database writes, not
+    twenty in a row on the stream process's one database thread, and every one is recorded
+    (with its usage) before the recorder lets its answer end."""
+    from api.live import inference
+
+    server = server_register(name="rec", url="http://127.0.0.1:9", base_model="acme/rec-llama",
+                             served_name="rec", api_key=None)  # fmt: skip
+    writes: list[int] = []
+    write = inference._calls_record
+
+    async def counted(batch: list) -> None:
+        writes.append(len(batch))
+        await write(batch)
+
+    monkeypatch.setattr(inference, "_calls_record", counted)
+    recorder = inference.Recorder()
+    route = inference.Route(server.url, {}, "rec", None, server.pk)
+    usage = {"prompt_tokens": 4, "completion_tokens": 7}
+
+    async def twenty_end_at_once() -> None:
+        calls = [inference._Call(project.pk, "acme/rec-llama", True, began=time.monotonic())
+                 for _ in range(20)]  # fmt: skip
+        await asyncio.gather(*(recorder.record(route, call, 200, usage) for call in calls))
+
+    asyncio.run(twenty_end_at_once())
+    assert sum(writes) == 20 and len(writes) <= 2, writes  # one write, or the first and the rest
+    recorded = InferenceCall.objects.filter(model="acme/rec-llama", project=project)
+    assert recorded.count() == 20 and {c.completion_tokens for c in recorded} == {7}
