@@ -387,6 +387,7 @@ class Round:
     cpu: dict[str, float]
     busy: float  # the whole machine's busy share over the round
     overflows: int  # connections that found a listen queue full (the machine's)
+    made: int  # requests sent in the round (the samples may be fewer: see steady)
 
     @property
     def tokens(self) -> int:
@@ -402,7 +403,8 @@ async def burst(to: Target, n: int, max_tokens: int, plane: Plane) -> Round:
     cpu1, busy1 = plane.cpu(), machine_busy()
     busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
-    return Round(to.name, list(samples), wall, cpu, busy, listen_overflows() - overflows)
+    overflowed = listen_overflows() - overflows
+    return Round(to.name, list(samples), wall, cpu, busy, overflowed, len(samples))
 
 
 async def steady(
@@ -432,9 +434,8 @@ async def steady(
     wall = time.perf_counter() - start
     cpu1, busy1 = plane.cpu(), machine_busy()
     busy = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1])
-    # Per request made, scaled to the samples kept: the report divides by those.
-    cpu = {k: (cpu1[k] - cpu0[k]) * len(samples) / max(1, made) for k in cpu0}
-    return Round(to.name, samples, wall, cpu, busy, listen_overflows() - overflows)
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    return Round(to.name, samples, wall, cpu, busy, listen_overflows() - overflows, made)
 
 
 async def measure(
@@ -628,7 +629,7 @@ def report_load(
           f"added: the noise) {aa[0]:+.0f} / {aa[1]:+.0f} ms")  # fmt: skip
     out = {}
     for path in [p for p in by if p != "direct"]:
-        ttft, calls = of(path, "ttft"), sum(len(r.samples) for r in by[path])
+        ttft, calls = of(path, "ttft"), sum(r.made for r in by[path])
         shift, ratio = added(ttft, d_ttft), rate(path) / rate("direct")
         cpu = {k: sum(r.cpu[k] for r in by[path]) / calls * 1000
                for k in ("door", "web", "stream")}  # fmt: skip
@@ -663,7 +664,8 @@ def report_paced(
         ttft, delays = [s.ttft for s in samples], [d for s in samples for d in s.delays]
         shift = added(ttft, direct)
         busy = sum(r.busy for r in runs) / len(runs)
-        cpu = [sum(r.cpu[k] for r in runs) / len(samples) * 1000 for k in ("door", "web", "stream")]
+        made = sum(r.made for r in runs)
+        cpu = [sum(r.cpu[k] for r in runs) / made * 1000 for k in ("door", "web", "stream")]
         verdict_text = "" if path == "direct" else f"  {verdict(shift)}"
         print(f"  {path:<10}{len(samples):8d}{q(ttft, 50):9.1f}{q(ttft, 95):7.1f}{shift[0]:10.1f}"
               f"{shift[1]:7.1f}{q(delays, 50):18.1f}{q(delays, 95):7.1f}{max(delays) * 1000:7.1f}"

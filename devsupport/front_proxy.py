@@ -45,9 +45,8 @@ def nginx_missing_reason() -> str | None:
 
 
 def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next(
-        (str(p) for p in (Path("/usr/sbin/nginx"),) if p.exists()), None
-    )
+    """nginx on PATH, or where Debian puts it (/usr/sbin is not on a plain user's PATH)."""
+    return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 
 def site_config(web: str, stream: str, port: int, access_log: Path) -> str:

@@ -108,28 +108,27 @@ else
     echo "postgresql: created database '$PG_DB'"
 fi
 
-# --- openssh-server (the SSH tests run a real sshd on loopback) ---------------------------------
-SSHD=/usr/sbin/sshd
-SSH_PACKAGE=openssh-server
-if [ -x "$SSHD" ]; then
-    echo "$SSH_PACKAGE: $SSHD present"
-elif ! can_install; then
-    echo "$SSH_PACKAGE: $SSHD missing, so the SSH tests will be skipped; install it: sudo apt-get install -y $SSH_PACKAGE"
-else
-    apt_install "$SSH_PACKAGE"
-    [ -x "$SSHD" ] || die "$SSH_PACKAGE installed but $SSHD is missing"
-fi
+# --- binaries some tests run themselves on loopback ---------------------------------------------
+# ensure_binary <path> <package> <which tests>: installed as root when missing (INSTALLED=yes);
+# otherwise those tests are skipped, and this says how to install it.
+ensure_binary() {
+    local binary="$1" package="$2" tests="$3"
+    INSTALLED=no
+    if [ -x "$binary" ]; then
+        echo "$package: $binary present"
+    elif ! can_install; then
+        echo "$package: $binary missing, so the $tests tests will be skipped; install it: sudo apt-get install -y $package"
+    else
+        apt_install "$package"
+        [ -x "$binary" ] || die "$package installed but $binary is missing"
+        INSTALLED=yes
+    fi
+}
 
-# --- nginx (tests/deploy runs the shipped front-door config, deploy/nginx.conf) ----------------
-# Only the binary is used: each test starts its own nginx on loopback; nothing is enabled here.
-NGINX=/usr/sbin/nginx
-if [ -x "$NGINX" ]; then
-    echo "nginx: $NGINX present"
-elif ! can_install; then
-    echo "nginx: $NGINX missing, so the front-door tests will be skipped; install it: sudo apt-get install -y nginx"
-else
-    apt_install nginx
-    [ -x "$NGINX" ] || die "nginx installed but $NGINX is missing"
-    # The package starts its default site where init scripts may run: not wanted here.
-    if [ -s /run/nginx.pid ]; then "$NGINX" -s quit 2>/dev/null || true; fi
+ensure_binary /usr/sbin/sshd openssh-server SSH # a real sshd (tests/providers, e2e)
+# tests/deploy starts its own nginx with the shipped deploy/nginx.conf: only the binary is used.
+# Just installed, the package may have started its default site where init scripts run: stopped.
+ensure_binary /usr/sbin/nginx nginx front-door
+if [ "$INSTALLED" = yes ] && [ -s /run/nginx.pid ]; then
+    /usr/sbin/nginx -s quit 2>/dev/null || true
 fi

@@ -49,6 +49,7 @@ from jobs.crypto import decrypt_json
 from jobs.models import ApiKey, Deployment, InferenceServer
 from jobs.services.outbox import messages
 from jobs.services.serving.deployments import server_lost
+from jobs.services.serving.servers import server_error_message
 from jobs.services.serving.usage import CallFacts, calls_record
 
 if TYPE_CHECKING:
@@ -193,15 +194,6 @@ async def _looked_up(key: ApiKey, model: str) -> Route:
             continue
     raise RelayError(503, f"The model '{model}' is being loaded on a server; retry shortly.",
                      "model_loading", retry_after=LOAD_WAIT_SECONDS)  # fmt: skip
-
-
-def _error_message(raw: bytes) -> str:
-    """The message of a server's error answer."""
-    try:
-        message = str(json.loads(raw)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        message = raw[:300].decode(errors="replace")
-    return message
 
 
 def _error_event(model: str) -> bytes:
@@ -353,19 +345,21 @@ class InferenceRelay:
             if streaming:  # always counted; shown only when asked
                 upstream["stream_options"] = {**options, "include_usage": True}
             call = _Call(key.project_id, model, streaming)
-            lost_adapter = route.deployment_pk is not None and not replaced
+            # A 401/404 is worth one more look: at a remembered route, or, for a deployment the
+            # database says the server holds, at the server having lost it.
+            may_retry = remembered is not None or (route.deployment_pk is not None and not replaced)
             try:
                 await self._forward(route, path, upstream, call, client_wants_usage, send,
-                                    may_retry=remembered is not None or lost_adapter)  # fmt: skip
+                                    may_retry)  # fmt: skip
                 return
             except StaleRoute as stale:
                 routes.drop((key.project_id, model))
-                if remembered is None and route.deployment_pk is not None and stale.status == 404:
-                    replaced = True  # the database's own route: the server lost the adapter
+                if remembered is None and route.deployment_pk is not None:  # the database's route
+                    if stale.status != 404:  # 401: the server refuses trainhub's key
+                        raise RelayError(502, f"The inference server for '{model}' refused "
+                                         f"trainhub's key: {stale.message}", "bad_gateway") from None  # fmt: skip
+                    replaced = True  # it lost the adapter (it restarted): placed again, once
                     await _ask_placement(route.deployment_pk)
-                elif remembered is None:  # a 401: the server refuses trainhub's key for it
-                    raise RelayError(502, f"The inference server for '{model}' refused "
-                                     f"trainhub's key: {stale.message}", "bad_gateway") from None  # fmt: skip
                 remembered = None
             except httpx.PoolTimeout:  # this process is full, not the server gone
                 raise RelayError(503, "Too many completions in flight here; retry shortly.",
@@ -393,7 +387,7 @@ class InferenceRelay:
         try:
             if may_retry and response.status_code in (401, 404):
                 said = await response.aread()  # to its end: the connection goes back to the pool
-                raise StaleRoute(response.status_code, _error_message(said))
+                raise StaleRoute(response.status_code, server_error_message(said))
             if not call.streamed or response.status_code != 200:
                 raw = await response.aread()
                 await self._send_whole(response.status_code, raw, call, route, send)

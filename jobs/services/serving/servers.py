@@ -7,6 +7,7 @@ marked offline and no longer chosen."""
 from __future__ import annotations
 
 import contextlib
+import json
 
 import requests
 from django.db import transaction
@@ -103,11 +104,16 @@ def _post(server: InferenceServer, path: str, body: dict[str, str], timeout: flo
     if answer.status_code >= 500:
         raise ServerUnavailable(f"{server.name} failed: HTTP {answer.status_code}")
     if answer.status_code >= 400:
-        try:
-            message = answer.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = answer.text[:300]
+        message = server_error_message(answer.content)
         raise LoadRefused(f"{server.name} refused: HTTP {answer.status_code}: {message}")
+
+
+def server_error_message(raw: bytes) -> str:
+    """The message of an inference server's error answer (OpenAI's shape), else its start."""
+    try:
+        return str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return raw[:300].decode(errors="replace")
 
 
 def server_load(server: InferenceServer, name: str, url: str, sha256: str) -> None:
