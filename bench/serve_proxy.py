@@ -23,14 +23,14 @@ the base model ``bench/tiny``: a request for a base model a server serves is rel
 no training or deployment (``_lookup`` in api/live/inference.py). One user, project and API key
 come from the services.
 
-The client, in this process (httpx.AsyncClient with the openai SDK's connection limits), sends
-the same greedy streamed chat completion (``--max-tokens``, ``include_usage``) on four paths:
+The client, in this process, sends the same greedy streamed chat completion (``--max-tokens``,
+``include_usage``) on four paths, each through its own aiohttp session (its own connection pool):
 
 - ``direct``: to the server, with its key;
 - ``door``: through trainhub as deployed, to the front door with the project key: nginx sends
   the completions paths to the stream process;
 - ``redirect``: to the web process with the project key, as where no proxy is in front (the
-  demo); the 307 is followed by hand as httpx (and so the SDK) follows it, body re-sent,
+  demo); the 307 is followed by hand as httpx (and so the openai SDK) follows it, body re-sent,
   Authorization dropped for the other origin (the grant in the Location authenticates), so
   that both hops are timed;
 - ``stream``: to the stream process itself with the project key: the door without nginx.
@@ -125,8 +125,6 @@ PACED_MODEL, PACED_NAME = "bench/paced", "paced"
 READY_TIMEOUT = 90.0  # gunicorn / uvicorn importing Django on a busy 2-core machine
 BASE_MODEL, SERVED_NAME = "bench/tiny", "tiny"  # served name: trainhub.processes.inference_command
 SERVER_KEY = "bench-proxy-server-key"
-# The openai SDK's own connection limits (openai._constants.DEFAULT_CONNECTION_LIMITS).
-CLIENT_LIMITS = {"max_connections": 1000, "max_keepalive_connections": 100}
 QUESTION = [
     {"role": "user", "content": "What colour is owl number 3, and which day does ferry 2 sail?"}
 ]
@@ -280,7 +278,7 @@ class Target:
     (which answers with a 307 to the stream process) or the stream process itself."""
 
     name: str  # "direct" | "door" | "redirect" | "stream"
-    http: Any  # the httpx.AsyncClient it goes through
+    http: Any  # the aiohttp.ClientSession it goes through: one per path
     url: str
     model: str
     headers: dict[str, str]
@@ -303,7 +301,7 @@ class Sample:
 
 async def ask(to: Target, max_tokens: int, connected: asyncio.Event | None = None) -> Sample:
     """One streamed chat completion; ``connected`` is set once its headers are in (or it failed)."""
-    import httpx
+    import aiohttp
 
     body = {"model": to.model, "messages": QUESTION, "temperature": 0, "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
@@ -313,21 +311,22 @@ async def ask(to: Target, max_tokens: int, connected: asyncio.Event | None = Non
     tokens, parts, delays = 0, [], []
     try:
         if to.name == "redirect":
-            redirect = await to.http.post(url, json=body, headers=headers)
+            async with to.http.post(url, json=body, headers=headers,
+                                    allow_redirects=False) as redirect:  # fmt: skip
+                said = await redirect.read()
             hop = time.perf_counter() - sent
-            if redirect.status_code != 307:
-                raise BenchError(
-                    f"the web process answered {redirect.status_code}: {redirect.text}"
-                )
+            if redirect.status != 307:
+                raise BenchError(f"the web process answered {redirect.status}: {said[:300]!r}")
             url, headers = redirect.headers["location"], {}  # another origin: no Authorization
-        async with to.http.stream("POST", url, json=body, headers=headers) as resp:
+        async with to.http.post(url, json=body, headers=headers) as resp:
             head = time.perf_counter() - sent
             if connected is not None:
                 connected.set()
-            if resp.status_code != 200:
-                said = (await resp.aread())[:300]
-                raise BenchError(f"{to.name}: HTTP {resp.status_code}: {said!r}")
-            async for line in resp.aiter_lines():
+            if resp.status != 200:
+                said = (await resp.read())[:300]
+                raise BenchError(f"{to.name}: HTTP {resp.status}: {said!r}")
+            async for raw in resp.content:  # line by line
+                line = raw.decode().rstrip("\r\n")
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 now = time.perf_counter() - sent
@@ -341,7 +340,7 @@ async def ask(to: Target, max_tokens: int, connected: asyncio.Event | None = Non
                         delays.append(time.time() - chunk["sent_at"])
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         raise BenchError(f"{to.name}: {type(exc).__name__}: {exc}") from exc
     finally:
         if connected is not None:
@@ -438,11 +437,23 @@ async def steady(
     return Round(to.name, samples, wall, cpu, busy, listen_overflows() - overflows, made)
 
 
+def client_session(keep_seconds: float) -> Any:
+    """An aiohttp session for one path: its own pool, so that one path's connections cost
+    another's requests nothing. aiohttp, not httpx (the openai SDK's client): with 64 streams
+    httpx took ~8 ms of the client's CPU a request and aiohttp ~3 (64 users against the paced
+    server alone, on this 2-core machine), and a client short of CPU puts its own lag into
+    every path's tail."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_read=600)
+    connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=keep_seconds)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
 async def measure(
     args: argparse.Namespace, plane: Plane
 ) -> tuple[dict[str, list[Sample]], list[Round], list[Round]]:
     """The warm-up, then sections 1, 2 and 3; every answer must be its direct one's text."""
-    import httpx
 
     # This process holds Django, torch and transformers: a full collection walks all of their
     # objects and stops the client for up to seconds, which the samples would blame on the path
@@ -451,22 +462,21 @@ async def measure(
     gc.freeze()
     gc.disable()
 
-    timeout = httpx.Timeout(30, read=600)
-    # The direct client keeps its connections for the whole run (see connect_one_by_one); the
-    # client of trainhub has the SDK's limits (trainhub's processes answer bursts of connects).
-    kept = httpx.Limits(**CLIENT_LIMITS, keepalive_expiry=None)
-    async with (
-        httpx.AsyncClient(timeout=timeout, limits=kept) as direct_http,
-        httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(**CLIENT_LIMITS)) as http,
-    ):
+    async with contextlib.AsyncExitStack() as sessions:
+        # The direct session keeps its connections for the whole run (see connect_one_by_one);
+        # the others drop an idle one after 4 s, before uvicorn's keep-alive (5 s) could close it
+        # under a request being sent.
+        direct_http = await sessions.enter_async_context(client_session(keep_seconds=3600))
         key = {"Authorization": f"Bearer {plane.raw_key}"}
         direct = Target("direct", direct_http, plane.server_url, SERVED_NAME,
                         {"Authorization": f"Bearer {SERVER_KEY}"})  # fmt: skip
+        paths = [("door", plane.door.url if plane.door else None), ("redirect", plane.web_url),
+                 ("stream", plane.stream_url)]  # fmt: skip
         targets = [direct]
-        if plane.door is not None:
-            targets.append(Target("door", http, plane.door.url, BASE_MODEL, key))
-        targets += [Target("redirect", http, plane.web_url, BASE_MODEL, key),
-                    Target("stream", http, plane.stream_url, BASE_MODEL, key)]  # fmt: skip
+        for name, url in paths:
+            if url is not None:
+                http = await sessions.enter_async_context(client_session(keep_seconds=4))
+                targets.append(Target(name, http, url, BASE_MODEL, key))
         # Warm-up, not measured: connections, imports, the processes' first queries.
         await connect_one_by_one(direct, args.concurrency)
         for to in targets[1:]:
@@ -483,8 +493,9 @@ async def measure(
         # The engine is idle from here on: the client moves to its CPU, beside the paced server
         # (light), so that trainhub's processes have theirs to themselves as on a real host.
         os.sched_setaffinity(0, cpu_split(args.shared_cores)[0])
-        paced = [Target("direct", http, plane.paced_url, PACED_NAME, {})]
-        paced += [Target(to.name, http, to.url, PACED_MODEL, key) for to in targets[1:]]
+        paced_http = await sessions.enter_async_context(client_session(keep_seconds=4))
+        paced = [Target("direct", paced_http, plane.paced_url, PACED_NAME, {})]
+        paced += [Target(to.name, to.http, to.url, PACED_MODEL, key) for to in targets[1:]]
         for to in paced:  # warm-up
             await burst(to, args.concurrency, 1, plane)
         paced_rounds = []

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-import httpx
+import aiohttp
 
 from api.inference_grant import granted_key
 from api.live.auth import authenticate
@@ -64,10 +64,13 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 LOAD_WAIT_SECONDS = 20
 LOAD_POLL_SECONDS = 0.25
 # Connecting is quick or the server is down; a generation may take minutes between chunks.
-TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
-# A stream holds its connection for the whole answer: room for many at once, and enough kept
-# open between bursts that a burst does not open them all again.
-LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=600.0)
+# A stream holds its connection for the whole answer; past this many at once a call is refused
+# (503, retried by OpenAI's SDK) rather than queued behind the others.
+MAX_IN_FLIGHT = 1000
+# Idle connections to servers are dropped before uvicorn's keep-alive (vLLM's server, 5 s)
+# closes them: a request sent on a connection that the server is closing is lost.
+KEEPALIVE_SECONDS = 4.0
 ROUTE_SECONDS = 5.0
 PATHS = {"/v1/chat/completions", "/v1/completions", "/api/v1/chat/completions",
          "/api/v1/completions"}  # fmt: skip
@@ -294,15 +297,26 @@ async def _respond_error(send: Send, error: RelayError) -> None:
 
 
 class InferenceRelay:
-    """The ASGI app for the completions routes (api/live/routing.StreamHttp sends them here)."""
+    """The ASGI app for the completions routes (api/live/routing.StreamHttp sends them here).
+
+    Its HTTP client is aiohttp's: relaying 64 streams, httpx's pool and stream reader took about
+    twice the CPU a request (bench/serve_proxy.py, docs/BENCHMARKS.md), and this process's CPU
+    is every stream's latency."""
 
     def __init__(self) -> None:
-        self.client: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
         self._recorder = Recorder()
+        self._in_flight = 0
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> aiohttp.ClientSession:
         if self.client is None:  # made lazily: inside the server's event loop
-            self.client = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS)
+            connector = aiohttp.TCPConnector(
+                limit=MAX_IN_FLIGHT, keepalive_timeout=KEEPALIVE_SECONDS
+            )
+            # A streamed line may be as long as a body (a chunk with logprobs): up to 2 MiB.
+            self.client = aiohttp.ClientSession(
+                connector=connector, timeout=TIMEOUT, read_bufsize=1024 * 1024
+            )
         return self.client
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Send) -> None:
@@ -314,7 +328,14 @@ class InferenceRelay:
             model = body.get("model")
             if not isinstance(model, str) or not model:
                 raise RelayError(400, "model must be a non-empty string.", param="model")
-            await self._relay(scope["path"].removeprefix("/api"), key, model, body, send)
+            if self._in_flight >= MAX_IN_FLIGHT:
+                raise RelayError(503, "Too many completions in flight here; retry shortly.",
+                                 "relay_busy", retry_after=1)  # fmt: skip
+            self._in_flight += 1
+            try:
+                await self._relay(scope["path"].removeprefix("/api"), key, model, body, send)
+            finally:
+                self._in_flight -= 1
         except RelayError as exc:
             await _respond_error(send, exc)
 
@@ -361,10 +382,7 @@ class InferenceRelay:
                     replaced = True  # it lost the adapter (it restarted): placed again, once
                     await _ask_placement(route.deployment_pk)
                 remembered = None
-            except httpx.PoolTimeout:  # this process is full, not the server gone
-                raise RelayError(503, "Too many completions in flight here; retry shortly.",
-                                 "relay_busy", retry_after=1) from None  # fmt: skip
-            except httpx.TransportError as exc:
+            except aiohttp.ClientError as exc:  # not connected, or gone before its headers
                 routes.drop_where(route.same_server)
                 remembered = None
                 await _server_lost(route, f"did not answer a completion: {exc}")
@@ -378,30 +396,30 @@ class InferenceRelay:
         client_wants_usage: bool, send: Send, may_retry: bool,
     ) -> None:  # fmt: skip
         """Relay one answer; StaleRoute (``may_retry``) when the server answers 401 or 404."""
-        request = self._http().build_request(
-            "POST", route.url + path, json=upstream, headers=route.headers
-        )
         call.began = time.monotonic()
         model = call.model
-        response = await self._http().send(request, stream=True)
-        try:
-            if may_retry and response.status_code in (401, 404):
-                said = await response.aread()  # to its end: the connection goes back to the pool
-                raise StaleRoute(response.status_code, server_error_message(said))
-            if not call.streamed or response.status_code != 200:
-                raw = await response.aread()
-                await self._send_whole(response.status_code, raw, call, route, send)
+        # Leaving the block returns a connection read to its end to the pool, and closes others.
+        async with self._http().post(
+            route.url + path, json=upstream, headers=route.headers
+        ) as response:
+            if may_retry and response.status in (401, 404):
+                said = await response.read()
+                raise StaleRoute(response.status, server_error_message(said))
+            if not call.streamed or response.status != 200:
+                raw = await response.read()
+                await self._send_whole(response.status, raw, call, route, send)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})  # fmt: skip
             usage = None
             try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: "):
+                async for raw_line in response.content:  # one line at a time
+                    line = raw_line.rstrip(b"\r\n")
+                    if not line.startswith(b"data: "):
                         continue
-                    if line == "data: [DONE]":  # read on to the body's end: the connection
+                    if line == b"data: [DONE]":  # read on to the body's end: the connection
                         continue  # then goes back to the pool instead of being closed
-                    chunk = json.loads(line.removeprefix("data: "))
+                    chunk = json.loads(line.removeprefix(b"data: "))
                     chunk["model"] = model
                     if chunk.get("usage"):
                         usage = chunk["usage"]
@@ -411,7 +429,7 @@ class InferenceRelay:
                         call.first_token_ms = call.elapsed_ms()
                     await send({"type": "http.response.body", "more_body": True,
                                 "body": f"data: {json.dumps(chunk)}\n\n".encode()})  # fmt: skip
-            except httpx.TransportError as exc:
+            except aiohttp.ClientError as exc:
                 # The answer has begun: it cannot be asked again elsewhere on this response.
                 # OpenAI's SDKs raise on an error event; the stream then ends without [DONE].
                 await _server_lost(route, f"broke off a streamed completion: {exc}")
@@ -421,8 +439,6 @@ class InferenceRelay:
             # Recorded before the end: a client may look at its usage next.
             await self._recorder.record(route, call, 200, usage)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-        finally:
-            await response.aclose()
 
     async def _send_whole(
         self, status: int, raw: bytes, call: _Call, route: Route, send: Send

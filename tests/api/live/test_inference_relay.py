@@ -219,3 +219,37 @@ def test_completions_that_end_together_are_recorded_in_one_write(project, monkey
     assert sum(writes) == 20 and len(writes) <= 2, writes  # one write, or the first and the rest
     recorded = InferenceCall.objects.filter(model="acme/rec-llama", project=project)
     assert recorded.count() == 20 and {c.completion_tokens for c in recorded} == {7}
+
+
+def test_a_relay_with_every_slot_taken_refuses_with_retry_after_and_gives_back_its_slots(
+    user, key_of
+) -> None:
+    """Past MAX_IN_FLIGHT completions at once the next is a 503 that OpenAI's SDK retries after
+    Retry-After, not a wait; a call that ends, however it ends, gives its slot back."""
+    from api.live import inference
+
+    relay = inference.InferenceRelay()
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "query_string": b"", "headers": [(b"authorization", f"Bearer {key_of(user)}".encode())]}  # fmt: skip
+
+    async def call() -> tuple[dict, dict]:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": json.dumps(ASK).encode()}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await relay(scope, receive, send)
+        return sent[0], json.loads(sent[-1]["body"])
+
+    relay._in_flight = inference.MAX_IN_FLIGHT
+    start, body = asyncio.run(call())
+    assert start["status"] == 503 and (b"retry-after", b"1") in start["headers"]
+    assert body["error"]["code"] == "relay_busy"
+
+    relay._in_flight = inference.MAX_IN_FLIGHT - 1
+    start, body = asyncio.run(call())  # admitted: then refused for its model, which no one serves
+    assert start["status"] == 404 and body["error"]["code"] == "model_not_found"
+    assert relay._in_flight == inference.MAX_IN_FLIGHT - 1, "the refused call gave its slot back"
