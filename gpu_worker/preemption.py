@@ -35,9 +35,10 @@ AWS, EC2 instance metadata service version 2 (IMDSv2), as documented for spot in
 * AWS suggests checking every 5 seconds (the default here) and sends both signals on a best
   effort basis only: a machine can be taken without either.
 
-Quiet when there is nothing to watch: if the metadata service never answers (not on EC2, or
-its endpoint turned off) the watcher gives up after a few checks with one ``info`` log event,
-and training is not affected. Failures after it once answered (a timeout, a 5xx, garbage) are
+Quiet when there is nothing to watch: if the metadata service does not answer (not on EC2, or
+its endpoint turned off) the watcher says so after a few checks with one ``info`` log event,
+and training is not affected; it goes on checking every 30 s, so a service that was only slow
+(a machine busy loading its model) is still watched once it answers. Failures after it once answered (a timeout, a 5xx, garbage) are
 skipped until the next check. Proxies in the environment are ignored (the service is
 link-local). Only the standard library is used here.
 """
@@ -83,7 +84,10 @@ TOKEN_TTL_SECONDS = 21600  # the longest IMDSv2 allows; renewed a minute before 
 
 POLL_SECONDS = 5.0
 TIMEOUT_SECONDS = 1.0  # a link-local service answers in milliseconds
-GIVE_UP_AFTER = 3  # checks without any answer before the watcher decides there is no service
+GIVE_UP_AFTER = 3  # checks without any answer before the watcher says there is no service
+# ... after which it still checks, this seldom: a spot machine's service can be slow to answer
+# while the machine is busiest (loading the model), and a notice gives two minutes.
+QUIET_RECHECK_SECONDS = 30.0
 _MAX_BODY = 4096
 
 
@@ -242,14 +246,20 @@ class PreemptionWatcher:
     """
 
     def __init__(
-        self, client: ImdsClient, reporter: Reporter, *, interval: float = POLL_SECONDS
+        self,
+        client: ImdsClient,
+        reporter: Reporter,
+        *,
+        interval: float = POLL_SECONDS,
+        quiet_interval: float = QUIET_RECHECK_SECONDS,
     ) -> None:
         self.client = client
         self.reporter = reporter
         self.interval = interval
+        self.quiet_interval = quiet_interval
         self.notice: Notice | None = None
         self.rebalance: str | None = None
-        self.available: bool | None = None  # None until it answered or was given up on
+        self.available: bool | None = None  # None until it answered or was called silent
         self._noticed = threading.Event()
         self._asked = threading.Event()
         self._stop = threading.Event()
@@ -313,15 +323,15 @@ class PreemptionWatcher:
         misses = 0
         while not self.check():
             misses += 1
-            if misses >= GIVE_UP_AFTER:
+            if misses == GIVE_UP_AFTER:
                 self.available = False
                 self.reporter.log(
                     f"No instance metadata service answered at {self.client.base_url}; "
-                    "spot interruption notices are not watched on this machine.",
+                    "spot interruption notices are not watched on this machine unless it "
+                    f"answers later (checked every {self.quiet_interval:g} s).",
                     "info",
                 )
-                return
-            if self._stop.wait(self.interval):
+            if self._stop.wait(self.interval if misses < GIVE_UP_AFTER else self.quiet_interval):
                 return
         self.available = True
         if self.notice is None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -215,6 +216,24 @@ def test_no_metadata_service_means_no_watcher_and_one_quiet_line(nothing_there: 
         ("log", "info")
     ]
     assert "spot interruption notices are not watched" in sink.events[-1]["message"]
+
+
+def test_a_service_silent_at_first_is_still_watched_once_it_answers(nothing_there: str) -> None:
+    """A spot machine busy loading its model may leave the metadata service's first answers
+    past the timeout: the watcher says it is not watching, checks on seldom, and a notice that
+    comes once the service answers still stops training."""
+    reporter, sink = _reporter()
+    watcher = PreemptionWatcher(ImdsClient(nothing_there, timeout=0.2), reporter, interval=0.01,
+                                quiet_interval=0.05)  # fmt: skip
+    with reporter, watcher:
+        _wait(lambda: watcher.available is False)
+        with serve_imds(port=urlsplit(nothing_there).port or 0) as late:  # it answers now
+            late.notice = NOTICE
+            _wait(lambda: watcher() is StopMode.PREEMPT)
+    assert watcher.available is True
+    logs = [e["message"] for e in sink.events if e["type"] == "log"]
+    assert "not watched on this machine unless it answers later" in logs[0]
+    assert logs[-1].startswith("Spot interruption notice: AWS will terminate this spot machine")
 
 
 def test_the_spec_or_the_environment_turns_the_watcher_on(

@@ -104,7 +104,7 @@ class FakeImds:
 
 
 @contextmanager
-def serve_imds() -> Iterator[FakeImds]:
+def serve_imds(port: int = 0) -> Iterator[FakeImds]:
     fake = FakeImds()
 
     class Handler(BaseHTTPRequestHandler):
@@ -123,7 +123,7 @@ def serve_imds() -> Iterator[FakeImds]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
