@@ -37,7 +37,7 @@ AWS, EC2 instance metadata service version 2 (IMDSv2), as documented for spot in
 
 Quiet when there is nothing to watch: if the metadata service does not answer (not on EC2, or
 its endpoint turned off) the watcher says so after a few checks with one ``info`` log event,
-and training is not affected; it goes on checking every 30 s, so a service that was only slow
+and training is not affected; it goes on checking, every 30 s by default, so a service that was only slow
 (a machine busy loading its model) is still watched once it answers. Failures after it once answered (a timeout, a 5xx, garbage) are
 skipped until the next check. Proxies in the environment are ignored (the service is
 link-local). Only the standard library is used here.
@@ -85,9 +85,10 @@ TOKEN_TTL_SECONDS = 21600  # the longest IMDSv2 allows; renewed a minute before 
 POLL_SECONDS = 5.0
 TIMEOUT_SECONDS = 1.0  # a link-local service answers in milliseconds
 GIVE_UP_AFTER = 3  # checks without any answer before the watcher says there is no service
-# ... after which it still checks, this seldom: a spot machine's service can be slow to answer
-# while the machine is busiest (loading the model), and a notice gives two minutes.
-QUIET_RECHECK_SECONDS = 30.0
+# ... after which it still checks, this many intervals apart (30 s by default): a spot
+# machine's service can be slow to answer while the machine is busiest (loading the model), and
+# a notice gives two minutes.
+QUIET_INTERVALS = 6
 _MAX_BODY = 4096
 
 
@@ -251,12 +252,12 @@ class PreemptionWatcher:
         reporter: Reporter,
         *,
         interval: float = POLL_SECONDS,
-        quiet_interval: float = QUIET_RECHECK_SECONDS,
+        quiet_interval: float | None = None,
     ) -> None:
         self.client = client
         self.reporter = reporter
         self.interval = interval
-        self.quiet_interval = quiet_interval
+        self.quiet_interval = quiet_interval or QUIET_INTERVALS * interval
         self.notice: Notice | None = None
         self.rebalance: str | None = None
         self.available: bool | None = None  # None until it answered or was called silent
