@@ -119,6 +119,8 @@ class EndReason(enum.StrEnum):
     LEASE_EXPIRED = "lease_expired"
     NO_CAPACITY = "no_capacity"
     PREEMPTED = "preempted"
+    # heartbeats went on, progress did not (a hang): stopped and resumed from its checkpoint
+    STALLED = "stalled"
     # the provider bills more than the job's max_price_per_hour: stopped, another offer is tried
     PRICE_CAP_EXCEEDED = "price_cap_exceeded"
     # permanent: the job fails
@@ -144,5 +146,6 @@ RETRYABLE: frozenset[EndReason] = frozenset(
         EndReason.NO_CAPACITY,
         EndReason.PREEMPTED,
         EndReason.PRICE_CAP_EXCEEDED,
+        EndReason.STALLED,
     }
 )

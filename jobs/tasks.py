@@ -115,6 +115,7 @@ def node_servers_lost(node_pk: int) -> None:
 @single_runner("expire-leases", ttl_seconds=cc.EXPIRE_LEASES_INTERVAL_SECONDS * 4)
 def expire_leases() -> None:
     attempts.attempts_expire_leases()
+    attempts.attempts_end_stalled()
 
 
 # --- the own GPU fleet ------------------------------------------------------------------------

@@ -158,6 +158,11 @@ TRAINHUB_ENCRYPTION_KEYS = env.list("TRAINHUB_ENCRYPTION_KEYS", default=[]) or [
 TRAINHUB_ALLOWED_MODELS = env.list("TRAINHUB_ALLOWED_MODELS", default=["*/*"])
 TRAINHUB_DEFAULT_MAX_CONCURRENT_JOBS = env.int("TRAINHUB_DEFAULT_MAX_CONCURRENT_JOBS", default=10)
 TRAINHUB_LEASE_TTL_SECONDS = env.int("TRAINHUB_LEASE_TTL_SECONDS", default=300)
+# The stall watchdog (core.attempts.attempts_end_stalled): an attempt that heartbeats but
+# reports nothing else for this long (loading, or a step this many times its slowest) is
+# stopped and resumed from its checkpoint.
+TRAINHUB_STALL_SECONDS = env.int("TRAINHUB_STALL_SECONDS", default=600)
+TRAINHUB_STALL_STEPS = env.int("TRAINHUB_STALL_STEPS", default=20)
 TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS = env.int(
     "TRAINHUB_DEFAULT_MAX_RUNTIME_SECONDS", default=24 * 3600
 )

@@ -201,6 +201,18 @@ class JobAttempt(models.Model):
         help_text="The offer's rate x the job's max runtime: the most this attempt should cost.",
     )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The stall watchdog's view (core.attempts.attempts_end_stalled): heartbeats keep the lease,
+    # these say whether the run moves.
+    progress_at = models.DateTimeField(
+        null=True, blank=True, help_text="The executor's last event other than a heartbeat."
+    )
+    progress_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The last training step it reported."
+    )
+    step_at = models.DateTimeField(null=True, blank=True, help_text="When that step came.")
+    step_seconds = models.FloatField(
+        null=True, blank=True, help_text="The slowest training step seen (seconds a step)."
+    )
     claimed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from jobs.models import GpuNode, JobAttempt, JobEvent, NodeEvent, TrainingJob
-from jobs.services.core.attempts import attempts_expire_leases
+from jobs.services.core.attempts import attempts_end_stalled, attempts_expire_leases
 from jobs.services.fleet.nodes import node_create
 from tests.e2e.conftest import LEASE_TTL_SECONDS, Process, submit_tiny_job, wait_for
 from tests.gpu_worker._hub_cache import SINGLE, hub_repo
@@ -25,6 +25,7 @@ from trainhub_contract.bundle import verify_bundle
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TRAIN_TIMEOUT = 180
+HANG_ONCE = Path(__file__).resolve().parent.parent / "support" / "hang_once"
 
 
 def _node(name: str) -> str:
@@ -222,6 +223,46 @@ def test_a_node_killed_mid_training_loses_the_attempt_and_the_job_resumes_elsewh
     assert step >= 5 and step % 5 == 0
     final = [e for e in _events(job_id) if e.attempt == 2 and e.type == "metrics"][-1].data
     assert final["step"] == final["total_steps"] == 60  # 60 examples / 4 per step x 4 epochs
+
+
+def test_a_run_that_hangs_while_its_heartbeats_go_on_is_stopped_and_retried(
+    plane, start_node, api, demo_dataset, tiny_model_dir, tmp_path, settings
+) -> None:
+    """The stall watchdog with a real hang: the node's first executor blocks in loading the
+    model for good (tests/support/hang_once) while its heartbeat thread keeps the lease. The
+    attempt ends ``stalled``, the node kills that executor, and the retry succeeds there."""
+    settings.TRAINHUB_STALL_SECONDS = 8
+    hang_used = tmp_path / "hang-used"
+    node = start_node("node-h", _node("node-h"), PYTHONPATH=str(HANG_ONCE),
+                      TRAINHUB_TEST_HANG_ONCE=str(hang_used))  # fmt: skip
+    _wait_idle("node-h", node, plane)
+    job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
+    wait_for("the executor to hang", hang_used.exists, TRAIN_TIMEOUT, node, plane)
+    (hung,) = _executors_of(job_id, node)
+
+    wait_for(
+        "the hung attempt to end stalled",
+        lambda: attempts_end_stalled() or JobAttempt.objects.filter(end_reason="stalled").exists(),
+        60,
+        node,
+        plane,
+    )
+    first = JobAttempt.objects.get(job__public_id=job_id, number=1)
+    assert first.end_reason == "stalled" and first.progress_step is None
+    wait_for("the node to kill the hung executor", lambda: not _alive(hung), 60, node)
+    wait_for(
+        "the retried job to end",
+        lambda: _status_is(job_id, "succeeded", "failed"),
+        TRAIN_TIMEOUT,
+        node,
+        plane,
+    )
+    job = _job(job_id)
+    assert job.status == "succeeded", (job.error_code, job.error_message)
+    second = JobAttempt.objects.get(job=job, number=2)
+    assert second.node_name == "node-h" and second.end_reason == "succeeded"
+    said = [e.message for e in _events(job_id, "status") if e.data.get("end_reason") == "stalled"]
+    assert said and "before the first training step (loading)" in said[0], said
 
 
 def test_an_attempt_whose_message_vanished_is_sent_again(

@@ -233,6 +233,69 @@ def attempts_expire_leases() -> int:
     return count
 
 
+# --- the stall watchdog ------------------------------------------------------------------------
+# A heartbeat says the executor's process is alive, not that it trains: a run hung in loading
+# or in a collective keeps its lease for ever. Any other event is progress (downloads and loads
+# log as they go); a training step also times the steps, and the bound grows with the slowest.
+
+
+def _note_progress(attempt: JobAttempt, events: list[dict[str, Any]]) -> None:
+    moving = [e for e in events if e["type"] != "heartbeat"]
+    if not moving:
+        return
+    now = timezone.now()
+    updates: dict[str, Any] = {"progress_at": now}
+    steps = [e["data"].get("step") for e in moving if e["type"] == "metrics"]
+    step = max((n for n in steps if type(n) is int and n >= 0), default=None)
+    last = attempt.progress_step
+    if step is not None and (last is None or step > last):
+        updates.update(progress_step=step, step_at=now)
+        if last is not None and attempt.step_at is not None:
+            per_step = (now - attempt.step_at).total_seconds() / (step - last)
+            updates["step_seconds"] = max(per_step, attempt.step_seconds or 0.0)
+    JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(**updates)
+
+
+def stall_bound_seconds(attempt: JobAttempt) -> float:
+    """How long the attempt may report nothing but heartbeats."""
+    floor = float(settings.TRAINHUB_STALL_SECONDS)
+    if attempt.step_seconds is None:
+        return floor
+    return max(floor, float(settings.TRAINHUB_STALL_STEPS) * attempt.step_seconds)
+
+
+def attempts_end_stalled() -> int:
+    """End every live attempt of a running job whose executor reported no progress within its
+    bound (the job is retried from its newest checkpoint; the node or machine stops the process
+    as for a lost lease); returns count. Attempts that never reported are the lease's business;
+    a job finalizing (its adapter being checked here), pausing or cancelling is not training."""
+    now = timezone.now()
+    floor = timedelta(seconds=settings.TRAINHUB_STALL_SECONDS)
+    quiet = JobAttempt.objects.filter(
+        ended_at__isnull=True,
+        progress_at__lt=now - floor,
+        job__status__in=(S.PROVISIONING, S.RUNNING),
+    )
+    count = 0
+    for attempt in quiet.iterator():
+        assert attempt.progress_at is not None  # noqa: S101 - the filter's
+        silent = (now - attempt.progress_at).total_seconds()
+        if silent < stall_bound_seconds(attempt):
+            continue
+        where = (
+            f"after step {attempt.progress_step}"
+            if attempt.progress_step is not None
+            else "before the first training step (loading)"
+        )
+        count += attempt_end(
+            attempt=attempt,
+            reason=EndReason.STALLED,
+            message=f"no progress for {silent:.0f} s {where}, though its heartbeats went on; "
+            "stopped to resume from the last checkpoint",
+        )
+    return count
+
+
 # --- executor reports -------------------------------------------------------------------------
 
 
@@ -261,6 +324,7 @@ def attempt_record_events(
     kept = events_within_caps(job=attempt.job, attempt=attempt_number, events=cleaned)
     stored = events_store(job=attempt.job, attempt=attempt_number, events=kept)
     attempt_renew_lease(attempt=attempt)
+    _note_progress(attempt, cleaned)  # all of them: over the caps a run still moves
     for event in stored:
         report = Report.of_event(event.type, event.data, event.message)
         if report is not None:
