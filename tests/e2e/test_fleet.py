@@ -5,6 +5,7 @@ on the tiny model. Nothing is mocked."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import tarfile
 import time
@@ -233,7 +234,8 @@ def test_a_run_that_hangs_while_its_heartbeats_go_on_is_stopped_and_retried(
     attempt ends ``stalled``, the node kills that executor, and the retry succeeds there."""
     settings.TRAINHUB_STALL_SECONDS = 8
     hang_used = tmp_path / "hang-used"
-    node = start_node("node-h", _node("node-h"), PYTHONPATH=str(HANG_ONCE),
+    path = os.pathsep.join(filter(None, [str(HANG_ONCE), os.environ.get("PYTHONPATH")]))
+    node = start_node("node-h", _node("node-h"), PYTHONPATH=path,
                       TRAINHUB_TEST_HANG_ONCE=str(hang_used))  # fmt: skip
     _wait_idle("node-h", node, plane)
     job_id = submit_tiny_job(api, tiny_model_dir, demo_dataset)
