@@ -37,9 +37,9 @@ AWS, EC2 instance metadata service version 2 (IMDSv2), as documented for spot in
 
 Quiet when there is nothing to watch: if the metadata service does not answer (not on EC2, or
 its endpoint turned off) the watcher says so after a few checks with one ``info`` log event,
-and training is not affected; it goes on checking, every 30 s by default, so a service that was only slow
-(a machine busy loading its model) is still watched once it answers. Failures after it once answered (a timeout, a 5xx, garbage) are
-skipped until the next check. Proxies in the environment are ignored (the service is
+and training is not affected; it goes on checking, every 30 s by default, so a service that
+was only slow (a machine busy loading its model) is still watched once it answers. Failures
+after it once answered (a timeout, a 5xx, garbage) are skipped until the next check. Proxies in the environment are ignored (the service is
 link-local). Only the standard library is used here.
 """
 

@@ -214,9 +214,10 @@ def attempt_request_stop(*, attempt: JobAttempt, pause: bool = False) -> None:
         runner.stop(attempt=attempt, pause=pause)
 
 
-def attempt_renew_lease(*, attempt: JobAttempt) -> None:
+def attempt_renew_lease(*, attempt: JobAttempt, **also: Any) -> None:
+    """Renew the lease (and set ``also``, in the same UPDATE)."""
     JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
-        lease_expires_at=_lease_deadline()
+        lease_expires_at=_lease_deadline(), **also
     )
 
 
@@ -239,10 +240,11 @@ def attempts_expire_leases() -> int:
 # log as they go); a training step also times the steps, and the bound grows with the slowest.
 
 
-def _note_progress(attempt: JobAttempt, events: list[dict[str, Any]]) -> None:
+def _progress(attempt: JobAttempt, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The attempt's progress fields as ``events`` move them (none for heartbeats alone)."""
     moving = [e for e in events if e["type"] != "heartbeat"]
     if not moving:
-        return
+        return {}
     now = timezone.now()
     updates: dict[str, Any] = {"progress_at": now}
     steps = [e["data"].get("step") for e in moving if e["type"] == "metrics"]
@@ -253,7 +255,7 @@ def _note_progress(attempt: JobAttempt, events: list[dict[str, Any]]) -> None:
         if last is not None and attempt.step_at is not None:
             per_step = (now - attempt.step_at).total_seconds() / (step - last)
             updates["step_seconds"] = max(per_step, attempt.step_seconds or 0.0)
-    JobAttempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(**updates)
+    return updates
 
 
 def stall_bound_seconds(attempt: JobAttempt) -> float:
@@ -323,8 +325,8 @@ def attempt_record_events(
     cleaned = [e for e in (clean_executor_event(raw) for raw in events) if e is not None]
     kept = events_within_caps(job=attempt.job, attempt=attempt_number, events=cleaned)
     stored = events_store(job=attempt.job, attempt=attempt_number, events=kept)
-    attempt_renew_lease(attempt=attempt)
-    _note_progress(attempt, cleaned)  # all of them: over the caps a run still moves
+    # Progress from all of them: over the caps a run still moves.
+    attempt_renew_lease(attempt=attempt, **_progress(attempt, cleaned))
     for event in stored:
         report = Report.of_event(event.type, event.data, event.message)
         if report is not None:
